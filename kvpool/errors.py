@@ -1,0 +1,91 @@
+"""kvpool's exception hierarchy.
+
+Every exception kvpool raises on purpose derives from :class:`KVPoolError`
+*and* from the builtin that an ordinary ``except`` clause would expect
+(``ValueError`` for bad input, ``MemoryError`` when memory runs out,
+``OSError`` when the operating system or a driver refuses), so callers
+that never heard of kvpool still catch them.  Messages name the offending
+value, the limit it broke and, where there is one, the fix.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "KVPoolError",
+    "InvalidArgumentError",
+    "InvalidHandleError",
+    "PoolClosedError",
+    "RefCountError",
+    "OutOfMemoryError",
+    "AddressSpaceExhaustedError",
+    "HugePagesExhaustedError",
+    "NumaNodeError",
+    "SharedMemoryExistsError",
+    "SharedMemoryNotFoundError",
+    "FeatureUnavailableError",
+    "NativeError",
+]
+
+
+class KVPoolError(Exception):
+    """Base class of every error kvpool raises deliberately."""
+
+
+class InvalidArgumentError(KVPoolError, ValueError):
+    """An argument is out of range, of the wrong type or inconsistent."""
+
+
+class InvalidHandleError(KVPoolError, ValueError):
+    """A handle (memory object, pointer, region) is freed, stale or unknown.
+
+    Raised for double frees, frees of ranges that are not allocated, and
+    any use of a memory object after its memory went back to the pool.
+    """
+
+
+class PoolClosedError(InvalidHandleError):
+    """The pool or region was closed; its objects are no longer usable."""
+
+
+class RefCountError(KVPoolError, RuntimeError):
+    """A ref or pin count went below zero (raised only in strict mode).
+
+    Outside strict mode the same event is logged as a warning and ignored;
+    in neither mode is any memory freed twice.
+    """
+
+
+class OutOfMemoryError(KVPoolError, MemoryError):
+    """The system could not provide the memory asked for."""
+
+
+class AddressSpaceExhaustedError(KVPoolError, RuntimeError, MemoryError):
+    """An AddressManager has no free range large enough.
+
+    A ``RuntimeError`` as in the reference API, and a ``MemoryError``
+    because that is what it means.
+    """
+
+
+class HugePagesExhaustedError(OutOfMemoryError):
+    """The 2 MiB hugepage pool has fewer free pages than a mapping needs."""
+
+
+class NumaNodeError(InvalidArgumentError):
+    """A NUMA node that does not exist on this machine was named."""
+
+
+class SharedMemoryExistsError(KVPoolError, FileExistsError):
+    """A POSIX shared-memory segment of that name already exists."""
+
+
+class SharedMemoryNotFoundError(KVPoolError, FileNotFoundError):
+    """No POSIX shared-memory segment of that name exists."""
+
+
+class FeatureUnavailableError(KVPoolError, OSError):
+    """A feature this machine lacks (CUDA, hugepages, NUMA...) was required."""
+
+
+class NativeError(KVPoolError, OSError):
+    """The operating system or a driver refused a request."""
