@@ -1,0 +1,55 @@
+"""How kvpool reports misuse that it can survive (strict mode).
+
+Some mistakes cannot corrupt anything because kvpool refuses to act on
+them: a ``ref_count_down`` on an object whose memory already went back to
+the pool, an ``unpin`` below zero, a second free.  By default such an event
+is logged as a warning on the ``kvpool`` logger and the call does nothing.
+In *strict mode* it raises instead (:class:`~kvpool.errors.RefCountError`
+for counting errors, :class:`~kvpool.errors.InvalidHandleError` for dead
+handles), which is what test suites want.
+
+Strict mode is on when the environment variable ``KVPOOL_STRICT`` is set
+to ``1`` (or ``true``/``yes``/``on``) at import time, and can be switched
+at run time with :func:`set_strict_mode`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+__all__ = ["STRICT_ENV", "set_strict_mode", "strict_mode"]
+
+#: Environment variable that switches strict mode on at import time.
+STRICT_ENV = "KVPOOL_STRICT"
+
+logger = logging.getLogger("kvpool")
+
+_strict = os.environ.get(STRICT_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def strict_mode() -> bool:
+    """Return True when misuse raises instead of logging a warning."""
+    return _strict
+
+
+def set_strict_mode(enabled: bool) -> bool:
+    """Switch strict mode on or off for the whole process.
+
+    Args:
+        enabled: True to raise on misuse, False to log a warning.
+
+    Returns:
+        The previous setting, so callers can restore it.
+    """
+    global _strict
+    previous = _strict
+    _strict = bool(enabled)
+    return previous
+
+
+def report(error: type[Exception], message: str) -> None:
+    """Raise ``error(message)`` in strict mode, else log it as a warning."""
+    if _strict:
+        raise error(message)
+    logger.warning("%s", message)
