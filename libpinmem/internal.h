@@ -48,6 +48,8 @@ PM_HIDDEN int pm_parse_list(const char *text, int *out, int max, int *count);
 PM_HIDDEN int pm_thp_mode(void);
 PM_HIDDEN int pm_populate_write_supported(void);
 PM_HIDDEN int pm_mlock(void *addr, size_t len);
+/* mlock2(MLOCK_ONFAULT): pages lock as they are faulted in. */
+PM_HIDDEN int pm_mlock_onfault(void *addr, size_t len);
 
 /* ---- numa.c ---- */
 

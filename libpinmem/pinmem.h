@@ -141,8 +141,11 @@ typedef enum pinmem_populate_method {
  *        mbind behave as if refused with EPERM (as in containers).
  *   PINMEM_OPT_FAKE_MLOCK_EPERM      KVPOOL_FAKE_MLOCK_EPERM       0.  1 makes
  *        mlock behave as if refused with EPERM.
- *   PINMEM_OPT_MLOCK_IN_THREADS      KVPOOL_MLOCK_IN_THREADS       1.  mlock
- *        each populate thread's chunk in that thread (else one call after).
+ *   PINMEM_OPT_MLOCK_MODE            KVPOOL_MLOCK_MODE             2.  How mlock
+ *        pinning is done: 0 = one mlock call after populating; 1 = each
+ *        populate thread mlocks its own chunk; 2 = mlock2(MLOCK_ONFAULT)
+ *        before populating, so pages are locked as the threads fault them
+ *        (falls back to 1 where the kernel lacks mlock2).
  *   PINMEM_OPT_MIN_THREAD_BYTES      KVPOOL_MIN_THREAD_BYTES       64 MiB.
  *        Smallest share of a mapping worth its own populate thread.
  */
@@ -153,7 +156,7 @@ typedef enum pinmem_option {
     PINMEM_OPT_USE_POPULATE_WRITE = 3,
     PINMEM_OPT_FAKE_MBIND_EPERM = 4,
     PINMEM_OPT_FAKE_MLOCK_EPERM = 5,
-    PINMEM_OPT_MLOCK_IN_THREADS = 6,
+    PINMEM_OPT_MLOCK_MODE = 6,
     PINMEM_OPT_MIN_THREAD_BYTES = 7,
     PINMEM_OPT_COUNT = 8
 } pinmem_option;

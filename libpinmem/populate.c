@@ -91,7 +91,7 @@ int pm_populate(void *addr, size_t len, size_t page, int threads, int preserve, 
         n = 1;
 
     int use_madvise = pm_opt(PINMEM_OPT_USE_POPULATE_WRITE) && pm_populate_write_supported();
-    int in_threads = lock && pm_opt(PINMEM_OPT_MLOCK_IN_THREADS);
+    int in_threads = lock && pm_opt(PINMEM_OPT_MLOCK_MODE) != 0;
 
     pm_pop_task stack_tasks[16];
     pthread_t stack_tids[16];

@@ -64,6 +64,30 @@ static int pattern_ok(const pinmem_region *r)
     return b[r->size - 1] == 0xA5;
 }
 
+/* Bytes of the mapping at addr that /proc/self/smaps reports as Locked. */
+static size_t locked_bytes(void *addr, size_t len)
+{
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (f == NULL)
+        return 0;
+    char line[512];
+    uintptr_t lo = (uintptr_t)addr, hi = lo + len;
+    int inside = 0;
+    size_t total = 0;
+    while (fgets(line, sizeof line, f) != NULL) {
+        unsigned long a, b;
+        if (sscanf(line, "%lx-%lx ", &a, &b) == 2 && strchr(line, '-') < strchr(line, ' ')) {
+            inside = a >= lo && b <= hi;
+            continue;
+        }
+        unsigned long kb;
+        if (inside && sscanf(line, "Locked: %lu kB", &kb) == 1)
+            total += kb * 1024;
+    }
+    fclose(f);
+    return total;
+}
+
 static size_t live_count(void)
 {
     size_t n = 0, bytes = 0;
@@ -171,6 +195,9 @@ static void test_mlock(void)
     CHECK(rc == PINMEM_OK || rc == PINMEM_EMLOCK, "mlock rc %d", rc);
     if (rc == PINMEM_OK) {
         CHECK(r.pinned == PINMEM_PINNED_MLOCK, "pinned %d", r.pinned);
+        CHECK(locked_bytes(r.addr, r.mapped_size) == r.mapped_size, "locked %zu of %zu",
+              locked_bytes(r.addr, r.mapped_size), r.mapped_size);
+        CHECK(resident(&r) == r.mapped_size, "resident");
         pinmem_free(r.addr);
     }
     pinmem_option_set(PINMEM_OPT_FAKE_MLOCK_EPERM, 1);
@@ -181,8 +208,11 @@ static void test_mlock(void)
     rc = pinmem_alloc(&p, &r);
     CHECK(rc == PINMEM_OK && r.pinned == PINMEM_PINNED_NONE, "auto degrades rc %d pinned %d", rc,
           r.pinned);
-    if (rc == PINMEM_OK)
+    if (rc == PINMEM_OK) {
+        CHECK(resident(&r) == r.mapped_size, "still populated");
+        CHECK(locked_bytes(r.addr, r.mapped_size) == 0, "nothing locked");
         pinmem_free(r.addr);
+    }
     pinmem_option_set(PINMEM_OPT_FAKE_MLOCK_EPERM, 0);
 }
 
