@@ -204,20 +204,21 @@ static int pm_hugepages_short(size_t need, int node, int err)
         snprintf(where, sizeof where, " on NUMA node %d", node);
     if (total < 0)
         return pm_fail(PINMEM_EHUGEPAGES, err,
-                       "need %zu 2 MiB hugepages%s, but this kernel has no 2 MiB hugepage pool",
+                       "needs %zu hugepages of 2 MiB%s, but this kernel has no 2 MiB hugepage "
+                       "pool",
                        need, where);
     int64_t grow = total + ((int64_t)need - avail);
     if (grow < total)
         grow = total;
     if (node >= 0)
         return pm_fail(PINMEM_EHUGEPAGES, err,
-                       "need %zu 2 MiB hugepages%s, %lld free of %lld; grow the pool: echo %lld | "
-                       "sudo tee /sys/devices/system/node/node%d/hugepages/hugepages-2048kB/"
-                       "nr_hugepages",
+                       "needs %zu hugepages of 2 MiB%s, %lld free of %lld in that node's pool; "
+                       "grow it: echo %lld | sudo tee /sys/devices/system/node/node%d/hugepages/"
+                       "hugepages-2048kB/nr_hugepages",
                        need, where, (long long)avail, (long long)total, (long long)grow, node);
     return pm_fail(PINMEM_EHUGEPAGES, err,
-                   "need %zu 2 MiB hugepages, %lld free of %lld; grow the pool: echo %lld | sudo "
-                   "tee /proc/sys/vm/nr_hugepages",
+                   "needs %zu hugepages of 2 MiB, %lld free of %lld in the pool; grow it: echo "
+                   "%lld | sudo tee /proc/sys/vm/nr_hugepages",
                    need, (long long)avail, (long long)total, (long long)grow);
 }
 
