@@ -228,8 +228,7 @@ def check(status: int, what: str) -> None:
     exc.status = status  # type: ignore[attr-defined]
     exc.detail = detail  # type: ignore[attr-defined]
     if isinstance(exc, OSError) and err:
-        exc.errno = err
-        exc.strerror = os.strerror(err)
+        exc.errno = err  # strerror stays None so str(exc) keeps the message
     raise exc
 
 
