@@ -377,7 +377,10 @@ static int pm_finish(pm_entry *e, int plan, const pm_cuda_api *cuda, int populat
     int lock = plan == PM_PLAN_MLOCK || plan == PM_PLAN_MLOCK_SOFT;
     int lock_err = 0;
     int lock_in_populate = lock;
-    if (lock && pm_opt(PINMEM_OPT_MLOCK_MODE) == 2) {
+    int mode = (int)pm_opt(PINMEM_OPT_MLOCK_MODE);
+    if (mode == 3)
+        mode = r->kind == PINMEM_KIND_HUGETLB ? 0 : 2;
+    if (lock && mode == 2) {
         /* Lock first, on fault: the populate threads then lock as they go
          * and a refusal costs nothing.  ENOSYS/EINVAL: old kernel, lock in
          * the threads instead. */
@@ -385,14 +388,16 @@ static int pm_finish(pm_entry *e, int plan, const pm_cuda_api *cuda, int populat
             lock_in_populate = 0;
         else if (errno != ENOSYS && errno != EINVAL)
             lock_err = errno;
+        else
+            mode = 1;
     }
     if (lock_err != 0)
         lock_in_populate = 0; /* refused up front: populate unlocked */
     if (!(lock_err != 0 && plan == PM_PLAN_MLOCK) && (populate || pinning)) {
         int populate_lock_err = 0;
         int rc = pm_populate(r->addr, r->mapped_size, r->page_size, threads, preserve,
-                             lock_in_populate, &r->populate_method, &r->threads_used,
-                             &populate_lock_err);
+                             lock_in_populate, mode == 1, &r->populate_method,
+                             &r->threads_used, &populate_lock_err);
         if (rc != PINMEM_OK)
             return rc;
         if (lock_err == 0)

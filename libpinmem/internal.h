@@ -64,10 +64,13 @@ PM_HIDDEN int pm_mbind(void *addr, size_t len, int node, int *bound);
 /* ---- populate.c ---- */
 
 /* Populate [addr, addr+len) with up to threads threads.  preserve: never
- * write (for memory that may hold data).  lock: mlock each chunk after it
- * is resident; *lock_errno receives the first mlock failure (0 if none). */
+ * write (for memory that may hold data).  lock: mlock the range once it is
+ * resident -- each thread its own chunk when lock_in_threads, else one
+ * call at the end; *lock_errno receives the first mlock failure (0 if
+ * none). */
 PM_HIDDEN int pm_populate(void *addr, size_t len, size_t page, int threads, int preserve,
-                          int lock, int *method, int *threads_used, int *lock_errno);
+                          int lock, int lock_in_threads, int *method, int *threads_used,
+                          int *lock_errno);
 
 /* ---- cuda.c ---- */
 

@@ -68,7 +68,7 @@ static void *pm_pop_worker(void *arg)
 }
 
 int pm_populate(void *addr, size_t len, size_t page, int threads, int preserve, int lock,
-                int *method, int *threads_used, int *lock_errno)
+                int lock_in_threads, int *method, int *threads_used, int *lock_errno)
 {
     if (threads <= 0)
         threads = pm_default_threads();
@@ -91,7 +91,7 @@ int pm_populate(void *addr, size_t len, size_t page, int threads, int preserve, 
         n = 1;
 
     int use_madvise = pm_opt(PINMEM_OPT_USE_POPULATE_WRITE) && pm_populate_write_supported();
-    int in_threads = lock && pm_opt(PINMEM_OPT_MLOCK_MODE) != 0;
+    int in_threads = lock && lock_in_threads;
 
     pm_pop_task stack_tasks[16];
     pthread_t stack_tids[16];
@@ -185,7 +185,7 @@ PINMEM_API int pinmem_populate(void *addr, size_t len, int threads, int *method,
                        page);
     if (threads < 0)
         return pm_fail(PINMEM_EINVAL, 0, "threads must be >= 0 (0 = default), got %d", threads);
-    return pm_populate(addr, len, page, threads, 0, 0, method, threads_used, NULL);
+    return pm_populate(addr, len, page, threads, 0, 0, 0, method, threads_used, NULL);
 }
 
 PINMEM_API int pinmem_resident_bytes(void *addr, size_t len, size_t *resident)

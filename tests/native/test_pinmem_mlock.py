@@ -12,7 +12,7 @@ from kvpool.host import allocate_host
 MIB = 1 << 20
 
 
-@pytest.mark.parametrize("mode", [0, 1, 2])
+@pytest.mark.parametrize("mode", [0, 1, 2, 3])
 def test_every_mlock_mode_locks_everything(mode: int, smaps, options) -> None:
     _native.option_set("mlock_mode", mode)
     _native.option_set("min_thread_bytes", 4 * MIB)
