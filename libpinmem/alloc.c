@@ -769,6 +769,8 @@ static int pm_release_cb(pm_entry *e, void *arg)
     int *unlinked = arg;
     if (e->region.kind != PINMEM_KIND_SHM || !e->region.shm_owner)
         return PINMEM_EINVAL;
+    if (e->pid != getpid()) /* a forked child never removes its parent's name */
+        return PINMEM_OK;
     if (!e->shm_name_released) {
         *unlinked = pm_shm_unlink_if_same(e->shm_name, e->shm_dev, e->shm_ino);
         e->shm_name_released = 1;

@@ -13,6 +13,7 @@ static const char *const pm_cudart_sonames[] = {
 
 typedef struct pm_cuda_state {
     int tried;
+    int explicit_choice; /* a path or KVPOOL_CUDART decided it: never retry */
     int loaded;
     int device_count;
     int status;
@@ -39,7 +40,9 @@ static pm_cuda_state *pm_cuda_state_get(void)
             return NULL;
         pm_cuda_cur = st;
     }
-    if (!pm_cuda_cur->tried)
+    /* Nothing found by discovery: look again, since torch may have loaded
+     * its libcudart since (a handful of dlopen calls, only on this path). */
+    if (!pm_cuda_cur->tried || (!pm_cuda_cur->loaded && !pm_cuda_cur->explicit_choice))
         pm_cuda_discover(NULL, pm_cuda_cur);
     return pm_cuda_cur;
 }
@@ -95,6 +98,7 @@ static void pm_cuda_discover(const char *path, pm_cuda_state *st)
     st->tried = 1;
     const char *env = path != NULL ? path : getenv("KVPOOL_CUDART");
     if (env != NULL) {
+        st->explicit_choice = 1;
         if (env[0] == '\0' || strcmp(env, "none") == 0) {
             snprintf(st->error, sizeof st->error, "CUDA disabled (KVPOOL_CUDART is empty)");
             return;

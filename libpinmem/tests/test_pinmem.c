@@ -336,6 +336,21 @@ static void test_shm(void)
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child status %d", status);
     CHECK(memcmp((char *)r.addr + MIB, "answer", 7) == 0, "child's answer");
 
+    /* A forked child that frees the inherited creator's mapping leaves the
+     * name (and the parent's mapping) alone. */
+    fflush(stdout);
+    child = fork();
+    if (child == 0) {
+        int gone = -1;
+        if (pinmem_shm_release_name(r.addr, &gone) != PINMEM_OK || gone != 0)
+            _exit(6);
+        _exit(pinmem_free(r.addr) == PINMEM_OK ? 0 : 7);
+    }
+    waitpid(child, &status, 0);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "forked free status %d", status);
+    CHECK(pinmem_shm_size(name, &segsize) == PINMEM_OK, "name kept after the child's free");
+    CHECK(memcmp(r.addr, "hello from parent", 18) == 0, "parent mapping intact");
+
     pinmem_region a;
     CHECK(pinmem_shm_attach(name, segsize + 1, PINMEM_PIN_NONE, 0, &a) == PINMEM_EINVAL,
           "attach too big");
