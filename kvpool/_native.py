@@ -178,6 +178,7 @@ OPTIONS: dict[str, tuple[int, str]] = {
     "fake_mlock_eperm": (lib.PINMEM_OPT_FAKE_MLOCK_EPERM, "KVPOOL_FAKE_MLOCK_EPERM"),
     "mlock_mode": (lib.PINMEM_OPT_MLOCK_MODE, "KVPOOL_MLOCK_MODE"),
     "min_thread_bytes": (lib.PINMEM_OPT_MIN_THREAD_BYTES, "KVPOOL_MIN_THREAD_BYTES"),
+    "auto_fallback_thp": (lib.PINMEM_OPT_AUTO_FALLBACK_THP, "KVPOOL_AUTO_FALLBACK_THP"),
 }
 
 # ------------------------------------------------------------ status codes

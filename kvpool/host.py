@@ -285,9 +285,11 @@ def allocate_host(
             ``numa_bound=False``.
         hugepages: "never" (4 KiB pages); "thp" (transparent hugepages
             advised); "auto" (2 MiB hugetlb pages when the pool has enough
-            free pages, else THP -- never fails for lack of them);
-            "required" (hugetlb or HugePagesExhaustedError).  Not with
-            shared memory ("auto" means 4 KiB there).
+            free pages, else 4 KiB pages -- or THP with the libpinmem
+            option ``auto_fallback_thp`` / ``KVPOOL_AUTO_FALLBACK_THP=1``;
+            never fails for lack of hugepages); "required" (hugetlb or
+            HugePagesExhaustedError).  Not with shared memory ("auto" means
+            4 KiB there).
         shm_name: create a POSIX shared-memory segment of this name ('/'
             then 1..255 characters, no other '/') for other processes to
             :func:`attach_shm`.

@@ -127,7 +127,7 @@ class Capabilities:
         elif pool.free < 512:
             tips.append(
                 f"Hugepages: {max(pool.free, 0)} free 2 MiB pages of {max(pool.total, 0)}; "
-                "hugepages='auto' falls back to THP/4 KiB (about 3x slower to populate). "
+                "hugepages='auto' falls back to 4 KiB pages (about 3x slower to populate). "
                 f"For a 4 GiB pool: echo {max(pool.total, 0) + 2048} | sudo tee "
                 "/proc/sys/vm/nr_hugepages (per node: /sys/devices/system/node/node<N>/"
                 "hugepages/hugepages-2048kB/nr_hugepages; persist with vm.nr_hugepages in "

@@ -610,7 +610,8 @@ PINMEM_API int pinmem_alloc(const pinmem_alloc_params *p, pinmem_region *out)
                 free(e);
                 return pm_hugepages_short(need, p->numa_node, err);
             }
-            hp = PINMEM_HUGE_THP; /* auto: back off to transparent hugepages */
+            /* auto: back off to 4 KiB pages, or THP when so configured. */
+            hp = pm_opt(PINMEM_OPT_AUTO_FALLBACK_THP) ? PINMEM_HUGE_THP : PINMEM_HUGE_NEVER;
         }
     }
     if (r->addr == NULL) {

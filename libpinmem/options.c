@@ -24,6 +24,7 @@ static const pm_option_desc pm_option_table[PINMEM_OPT_COUNT] = {
     [PINMEM_OPT_MLOCK_MODE] = {"KVPOOL_MLOCK_MODE", 3, 0, 3},
     [PINMEM_OPT_MIN_THREAD_BYTES] = {"KVPOOL_MIN_THREAD_BYTES", (int64_t)64 << 20, 4096,
                                      INT64_MAX},
+    [PINMEM_OPT_AUTO_FALLBACK_THP] = {"KVPOOL_AUTO_FALLBACK_THP", 0, 0, 1},
 };
 
 static int64_t pm_option_value[PINMEM_OPT_COUNT];

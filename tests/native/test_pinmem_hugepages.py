@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -86,12 +87,17 @@ def test_pool_too_small_on_a_node_names_the_node_path() -> None:
     )
 
 
-def test_auto_never_fails_for_lack_of_pages() -> None:
+def test_auto_never_fails_for_lack_of_pages(options) -> None:
     _, available = pool_or_skip()
     size = (available + 2) * 2 * MIB
     with allocate_host(size, pin="none", hugepages="auto", populate=False) as buf:
         assert buf.kind == "anonymous"
-        assert buf.hugepages in ("thp", "none")
+        assert buf.hugepages == "none"
+    _native.option_set("auto_fallback_thp", 1)
+    thp_on = "[never]" not in Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+    with allocate_host(size, pin="none", hugepages="auto", populate=False) as buf:
+        assert buf.kind == "anonymous"
+        assert buf.hugepages == ("thp" if thp_on else "none")
 
 
 def test_read_hugepage_info_matches_sysfs() -> None:
