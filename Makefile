@@ -15,16 +15,14 @@ PIP := $(PYTHON) -m pip
 BUILD := libpinmem/build
 CFLAGS_TEST := -O2 -Wall -Wextra -Werror -std=gnu11 -pthread
 HEADERS := $(wildcard libpinmem/*.h)
-SOURCES := $(wildcard libpinmem/*.c)
 
 .PHONY: all lib check test deps demo bench lint clean fake-cudart
 
 all: lib
 
-lib: kvpool/libpinmem.so kvpool/_pinmem_ffi.py
-
-kvpool/libpinmem.so kvpool/_pinmem_ffi.py: $(SOURCES) $(HEADERS) build.py
-	$(PYTHON) build.py
+# build.py is incremental (it compares timestamps), so it always runs.
+lib:
+	$(PYTHON) build.py --quiet
 
 fake-cudart: $(BUILD)/libfakecudart.so
 
@@ -32,8 +30,10 @@ $(BUILD)/libfakecudart.so: libpinmem/tests/fake_cudart.c
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS_TEST) -fPIC -shared -o $@ $<
 
-$(BUILD)/test_pinmem: libpinmem/tests/test_pinmem.c $(HEADERS) kvpool/libpinmem.so
+$(BUILD)/test_pinmem: libpinmem/tests/test_pinmem.c $(HEADERS) $(BUILD)/libpinmem.so
 	$(CC) $(CFLAGS_TEST) -o $@ $< -L$(BUILD) -lpinmem -Wl,-rpath,$(abspath $(BUILD)) -ldl
+
+$(BUILD)/libpinmem.so: lib
 
 check: lib $(BUILD)/test_pinmem $(BUILD)/libfakecudart.so
 	$(BUILD)/test_pinmem $(abspath $(BUILD)/libfakecudart.so)

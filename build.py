@@ -147,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         for path in build(args.out, args.build_dir, force=args.force, verbose=not args.quiet):
-            print(f"built {path}")
+            if not args.quiet:
+                print(f"built {path}")
     except subprocess.CalledProcessError as exc:
         print(f"build.py: command failed with status {exc.returncode}", file=sys.stderr)
         return 1

@@ -122,6 +122,7 @@ def mlock_cost(size: int, hugepages: str) -> dict[str, object] | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark; print the table; return 0."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", default="4G", help="pool size (default 4G)")
     parser.add_argument("--trials", type=int, default=3, help="interleaved trials (best of)")
