@@ -197,7 +197,11 @@ PINMEM_API int pinmem_cuda_reload(const char *path)
     /* Handles are never dlclose'd (a runtime may be shared with torch) and
      * old states are kept (an API pointer may still be in use). */
     pm_cuda_discover(path, st);
+    pm_cuda_state *old = pm_cuda_cur;
     pm_cuda_cur = st;
     pthread_mutex_unlock(&pm_cuda_lock);
+    /* A state whose API was never handed out (no usable runtime) can go. */
+    if (old != NULL && !(old->loaded && old->device_count > 0))
+        free(old);
     return PINMEM_OK;
 }

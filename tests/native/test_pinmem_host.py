@@ -6,6 +6,7 @@ import mmap
 import os
 from pathlib import Path
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -87,6 +88,7 @@ def test_shm_kind() -> None:
     assert not os.path.exists(f"/dev/shm{name}")
 
 
+@pytest.mark.hugepages
 def test_hugetlb_kind(hugepages: int, smaps) -> None:
     with allocate_host(3 * MIB, pin="none", hugepages="required") as buf:
         assert buf.kind == "hugetlb"

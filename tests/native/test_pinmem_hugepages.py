@@ -21,6 +21,7 @@ def pool_or_skip() -> tuple[int, int]:
         pytest.skip(f"no 2 MiB hugepage pool: {exc}")
 
 
+@pytest.mark.hugepages
 def test_required_gets_hugetlb_pages_rounded_up(hugepages: int, smaps) -> None:
     size = 5 * MIB + 1
     with allocate_host(size, pin="none", hugepages="required") as buf:
@@ -38,6 +39,7 @@ def test_required_gets_hugetlb_pages_rounded_up(hugepages: int, smaps) -> None:
         del view
 
 
+@pytest.mark.hugepages
 def test_populated_hugetlb_pages_leave_the_free_pool(hugepages: int) -> None:
     _, before = _native.hugepages_2m()
     with allocate_host(8 * MIB, pin="none", hugepages="auto") as buf:
@@ -48,6 +50,7 @@ def test_populated_hugetlb_pages_leave_the_free_pool(hugepages: int) -> None:
     assert after == before
 
 
+@pytest.mark.hugepages
 def test_hugetlb_with_mlock_and_numa(hugepages: int) -> None:
     node = _native.numa_nodes()[0]
     with allocate_host(4 * MIB, pin="mlock", hugepages="required", numa_node=node) as buf:
