@@ -52,8 +52,16 @@ from kvpool import errors
 from kvpool.host import allocate_host
 resource.setrlimit(resource.RLIMIT_MEMLOCK, (64 * 1024, 64 * 1024))
 if os.geteuid() == 0:
-    os.setgid(65534)
-    os.setuid(65534)  # drops CAP_IPC_LOCK with the rest
+    try:
+        os.setgid(65534)
+        os.setuid(65534)  # drops CAP_IPC_LOCK with the rest
+    except PermissionError:
+        pass
+status = open("/proc/self/status").read()
+cap_eff = int(status.split("CapEff:")[1].split()[0], 16)
+if cap_eff >> 14 & 1:
+    print("skip: cannot drop CAP_IPC_LOCK")
+    raise SystemExit(0)
 b = allocate_host(8 << 20)
 print("auto", b.pinned)
 try:
@@ -70,4 +78,6 @@ def test_real_memlock_limit_in_a_child(python, child_env, tmp_path) -> None:
         [python, "-c", CHILD], env=child_env, capture_output=True, text=True, cwd=tmp_path
     )
     assert out.returncode == 0, out.stderr
+    if out.stdout.startswith("skip:"):
+        pytest.skip(out.stdout.strip())
     assert out.stdout.split("\n")[:2] == ["auto none", "explicit refused True"]
