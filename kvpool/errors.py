@@ -11,19 +11,19 @@ value, the limit it broke and, where there is one, the fix.
 from __future__ import annotations
 
 __all__ = [
-    "KVPoolError",
+    "AddressSpaceExhaustedError",
+    "FeatureUnavailableError",
+    "HugePagesExhaustedError",
     "InvalidArgumentError",
     "InvalidHandleError",
+    "KVPoolError",
+    "NativeError",
+    "NumaNodeError",
+    "OutOfMemoryError",
     "PoolClosedError",
     "RefCountError",
-    "OutOfMemoryError",
-    "AddressSpaceExhaustedError",
-    "HugePagesExhaustedError",
-    "NumaNodeError",
     "SharedMemoryExistsError",
     "SharedMemoryNotFoundError",
-    "FeatureUnavailableError",
-    "NativeError",
 ]
 
 

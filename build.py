@@ -1,0 +1,159 @@
+"""Build libpinmem and its cffi module.
+
+This is the one place that knows how libpinmem is compiled.  ``make`` runs
+it, and so does the setuptools build hook in ``setup.py`` (so ``pip install
+.`` from a clean clone builds the library itself).  It needs a C compiler
+and cffi; no CUDA or libnuma headers (libpinmem loads CUDA with dlopen and
+calls mbind through the raw syscall).
+
+Outputs (in ``--out``, default ``kvpool/``):
+
+* ``libpinmem.so``   -- the shared library, loaded by absolute path;
+* ``_pinmem_ffi.py`` -- the out-of-line ABI-mode cffi module, generated
+  from the block of ``libpinmem/pinmem.h`` between the ``PINMEM_CDEF``
+  markers.
+
+Usage: ``python build.py [--out DIR] [--build-dir DIR] [--force]``.
+The compiler is ``$CC`` (default ``cc``); ``$CFLAGS``/``$LDFLAGS`` are
+appended to the fixed flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+SRC = ROOT / "libpinmem"
+HEADER = SRC / "pinmem.h"
+CFLAGS = [
+    "-O2",
+    "-fPIC",
+    "-Wall",
+    "-Wextra",
+    "-Werror",
+    "-std=gnu11",
+    "-fvisibility=hidden",
+    "-pthread",
+]
+LDFLAGS = ["-shared", "-pthread", "-Wl,--no-undefined"]
+LIBS = ["-ldl", "-lrt"]
+LIBRARY = "libpinmem.so"
+FFI_MODULE = "_pinmem_ffi.py"
+
+
+def sources() -> list[Path]:
+    """Return the C sources of the library (not its tests), sorted."""
+    return sorted(SRC.glob("*.c"))
+
+
+def cdef_text(header: Path = HEADER) -> str:
+    """Return the cffi declarations: the header's PINMEM_CDEF block.
+
+    Raises:
+        RuntimeError: the markers are missing.
+    """
+    text = header.read_text()
+    match = re.search(r"/\* PINMEM_CDEF_BEGIN \*/(.*?)/\* PINMEM_CDEF_END \*/", text, re.S)
+    if match is None:
+        raise RuntimeError(f"{header}: PINMEM_CDEF_BEGIN/END markers not found")
+    return match.group(1).replace("PINMEM_API ", "")
+
+
+def _compiler() -> list[str]:
+    return shlex.split(os.environ.get("CC", "cc"))
+
+
+def _newer(target: Path, deps: list[Path]) -> bool:
+    """True when target exists and is newer than every dependency."""
+    if not target.exists():
+        return False
+    mtime = target.stat().st_mtime
+    return all(dep.stat().st_mtime <= mtime for dep in deps)
+
+
+def _run(cmd: list[str], verbose: bool) -> None:
+    if verbose:
+        print(" ".join(shlex.quote(c) for c in cmd))
+    subprocess.run(cmd, check=True)
+
+
+def build_library(build_dir: Path, *, force: bool = False, verbose: bool = True) -> Path:
+    """Compile and link libpinmem into build_dir; return the .so path."""
+    build_dir.mkdir(parents=True, exist_ok=True)
+    headers = sorted(SRC.glob("*.h"))
+    extra_cflags = shlex.split(os.environ.get("CFLAGS", ""))
+    extra_ldflags = shlex.split(os.environ.get("LDFLAGS", ""))
+    objects = []
+    for src in sources():
+        obj = build_dir / (src.stem + ".o")
+        objects.append(obj)
+        if force or not _newer(obj, [src, *headers]):
+            _run([*_compiler(), *CFLAGS, *extra_cflags, "-c", str(src), "-o", str(obj)], verbose)
+    lib = build_dir / LIBRARY
+    if force or not _newer(lib, objects):
+        cmd = [*_compiler(), *LDFLAGS, *extra_ldflags, "-o", str(lib)]
+        _run([*cmd, *map(str, objects), *LIBS], verbose)
+    return lib
+
+
+def write_ffi_module(path: Path) -> None:
+    """Generate the ABI-mode cffi module at path."""
+    import cffi
+
+    ffi = cffi.FFI()
+    ffi.cdef(cdef_text())
+    ffi.set_source("kvpool._pinmem_ffi", None)
+    tmp = path.with_suffix(".tmp")
+    ffi.emit_python_code(str(tmp))
+    os.replace(tmp, path)
+
+
+def build(
+    out_dir: Path | str = ROOT / "kvpool",
+    build_dir: Path | str = SRC / "build",
+    *,
+    force: bool = False,
+    verbose: bool = True,
+) -> list[Path]:
+    """Build the library and the cffi module into out_dir; return both paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    lib = build_library(Path(build_dir), force=force, verbose=verbose)
+    lib_out = out / LIBRARY
+    if force or not _newer(lib_out, [lib]):
+        tmp = out / (LIBRARY + ".tmp")
+        shutil.copy2(lib, tmp)
+        os.replace(tmp, lib_out)  # a process that loaded the old copy keeps its inode
+    ffi_out = out / FFI_MODULE
+    if force or not _newer(ffi_out, [HEADER, Path(__file__)]):
+        write_ffi_module(ffi_out)
+    return [lib_out, ffi_out]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=str(ROOT / "kvpool"), help="package directory")
+    parser.add_argument("--build-dir", default=str(SRC / "build"), help="object directory")
+    parser.add_argument("--force", action="store_true", help="rebuild everything")
+    parser.add_argument("--quiet", action="store_true", help="do not echo commands")
+    args = parser.parse_args(argv)
+    try:
+        for path in build(args.out, args.build_dir, force=args.force, verbose=not args.quiet):
+            if not args.quiet:
+                print(f"built {path}")
+    except subprocess.CalledProcessError as exc:
+        print(f"build.py: command failed with status {exc.returncode}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,639 @@
+"""libpinmem, loaded with cffi: status codes to exceptions, thin wrappers.
+
+This module is the only one that talks to C.  It loads ``libpinmem.so`` by
+absolute path (ABI mode; the cffi declarations live in the generated
+``kvpool/_pinmem_ffi.py``), maps every libpinmem status to one exception of
+:mod:`kvpool.errors` through :data:`STATUS_EXCEPTIONS`, and offers one
+wrapper per C call.  Wrappers validate their arguments with ``raise`` (never
+``assert``) and return plain Python values.
+
+Where the library comes from:
+
+1. ``$KVPOOL_LIBPINMEM``, when set (only that path is tried);
+2. ``libpinmem.so`` next to this file (what ``make`` and ``pip install``
+   put there).
+
+A failure raises one :class:`ImportError` that lists every path tried and
+why each failed.
+
+Thread safety: every wrapper may be called from any thread; libpinmem
+guards its own state.  The failure detail is per thread in C and is read
+right after the failing call on the same thread.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvpool import errors
+
+__all__ = [
+    "ENV_LIBRARY",
+    "HUGEPAGE_MODES",
+    "HUGEPAGE_RESULTS",
+    "KINDS",
+    "OPTIONS",
+    "PINNED",
+    "PIN_MODES",
+    "POPULATE_METHODS",
+    "STATUS_EXCEPTIONS",
+    "Region",
+    "alloc",
+    "check",
+    "cuda_reload",
+    "current_cpu",
+    "ffi",
+    "free",
+    "hugepages_2m",
+    "lib",
+    "library_path",
+    "live",
+    "numa_nodes",
+    "option_get",
+    "option_set",
+    "populate",
+    "probe",
+    "query",
+    "resident_bytes",
+    "shm_attach",
+    "shm_name_check",
+    "shm_release_name",
+    "shm_size",
+    "shm_unlink",
+]
+
+#: Environment variable that names the libpinmem.so to load instead.
+ENV_LIBRARY = "KVPOOL_LIBPINMEM"
+
+_HERE = Path(__file__).resolve().parent
+
+
+def _load() -> tuple[Any, Any, str]:
+    """Load the cffi module and the library; raise one ImportError if not."""
+    try:
+        from kvpool._pinmem_ffi import ffi as _ffi
+    except ImportError as exc:
+        raise ImportError(
+            "kvpool's native layer is not built: kvpool/_pinmem_ffi.py is missing "
+            f"({exc}). Run `make` in the source tree, or install with `pip install .`."
+        ) from exc
+    override = os.environ.get(ENV_LIBRARY)
+    candidates = [override] if override else [str(_HERE / "libpinmem.so")]
+    tried: list[str] = []
+    for candidate in candidates:
+        path = os.path.abspath(candidate)
+        if not os.path.exists(path):
+            tried.append(f"{path}: no such file")
+            continue
+        try:
+            loaded = _ffi.dlopen(path)
+        except OSError as exc:
+            tried.append(f"{path}: {exc}")
+            continue
+        version = loaded.pinmem_version()
+        if version != loaded.PINMEM_VERSION:
+            tried.append(
+                f"{path}: library version {version}, kvpool expects {loaded.PINMEM_VERSION} "
+                "(rebuild with `make`)"
+            )
+            continue
+        return _ffi, loaded, path
+    how = f" (from ${ENV_LIBRARY})" if override else ""
+    raise ImportError(
+        f"could not load libpinmem{how}; tried:\n  "
+        + "\n  ".join(tried)
+        + "\nBuild it with `make` in the source tree, or reinstall with `pip install .`."
+    )
+
+
+ffi, lib, _library_path = _load()
+
+
+def library_path() -> str:
+    """Return the absolute path of the loaded libpinmem.so."""
+    return _library_path
+
+
+# ----------------------------------------------------------- enumerations
+
+#: pin= strings accepted by :func:`alloc`, to libpinmem's pin modes.
+PIN_MODES: dict[str, int] = {
+    "auto": lib.PINMEM_PIN_AUTO,
+    "none": lib.PINMEM_PIN_NONE,
+    "mlock": lib.PINMEM_PIN_MLOCK,
+    "cuda-alloc": lib.PINMEM_PIN_CUDA_ALLOC,
+    "cuda-register": lib.PINMEM_PIN_CUDA_REGISTER,
+}
+
+#: hugepages= strings accepted by :func:`alloc`.
+HUGEPAGE_MODES: dict[str, int] = {
+    "never": lib.PINMEM_HUGE_NEVER,
+    "thp": lib.PINMEM_HUGE_THP,
+    "auto": lib.PINMEM_HUGE_AUTO,
+    "required": lib.PINMEM_HUGE_REQUIRED,
+}
+
+#: How a region is pinned, by libpinmem's value.
+PINNED: dict[int, str] = {
+    lib.PINMEM_PINNED_NONE: "none",
+    lib.PINMEM_PINNED_MLOCK: "mlock",
+    lib.PINMEM_PINNED_CUDA_ALLOC: "cuda-alloc",
+    lib.PINMEM_PINNED_CUDA_REGISTER: "cuda-register",
+}
+
+#: Which pages back a region.
+HUGEPAGE_RESULTS: dict[int, str] = {
+    lib.PINMEM_HUGE_RESULT_NONE: "none",
+    lib.PINMEM_HUGE_RESULT_THP: "thp",
+    lib.PINMEM_HUGE_RESULT_HUGETLB_2M: "hugetlb-2MiB",
+}
+
+#: Kinds of mapping.
+KINDS: dict[int, str] = {
+    lib.PINMEM_KIND_ANONYMOUS: "anonymous",
+    lib.PINMEM_KIND_HUGETLB: "hugetlb",
+    lib.PINMEM_KIND_SHM: "shm",
+    lib.PINMEM_KIND_CUDA_HOST: "cuda-host",
+}
+
+#: How pages were made resident.
+POPULATE_METHODS: dict[int, str] = {
+    lib.PINMEM_POPULATE_NONE: "none",
+    lib.PINMEM_POPULATE_MADVISE: "madvise",
+    lib.PINMEM_POPULATE_FIRST_TOUCH: "first-touch",
+    lib.PINMEM_POPULATE_BY_DRIVER: "driver",
+}
+
+#: Option names for :func:`option_get` / :func:`option_set`, with the
+#: environment variable that sets each at load time (see pinmem.h).
+OPTIONS: dict[str, tuple[int, str]] = {
+    "populate_threads": (lib.PINMEM_OPT_POPULATE_THREADS, "KVPOOL_POPULATE_THREADS"),
+    "register_chunk": (lib.PINMEM_OPT_REGISTER_CHUNK, "KVPOOL_REGISTER_CHUNK_BYTES"),
+    "register_threshold": (lib.PINMEM_OPT_REGISTER_THRESHOLD, "KVPOOL_REGISTER_THRESHOLD_BYTES"),
+    "use_populate_write": (lib.PINMEM_OPT_USE_POPULATE_WRITE, "KVPOOL_USE_POPULATE_WRITE"),
+    "fake_mbind_eperm": (lib.PINMEM_OPT_FAKE_MBIND_EPERM, "KVPOOL_FAKE_MBIND_EPERM"),
+    "fake_mlock_eperm": (lib.PINMEM_OPT_FAKE_MLOCK_EPERM, "KVPOOL_FAKE_MLOCK_EPERM"),
+    "mlock_mode": (lib.PINMEM_OPT_MLOCK_MODE, "KVPOOL_MLOCK_MODE"),
+    "min_thread_bytes": (lib.PINMEM_OPT_MIN_THREAD_BYTES, "KVPOOL_MIN_THREAD_BYTES"),
+    "auto_fallback_thp": (lib.PINMEM_OPT_AUTO_FALLBACK_THP, "KVPOOL_AUTO_FALLBACK_THP"),
+}
+
+# ------------------------------------------------------------ status codes
+
+#: One table: libpinmem status -> the exception raised for it.
+STATUS_EXCEPTIONS: dict[int, type[errors.KVPoolError]] = {
+    lib.PINMEM_EINVAL: errors.InvalidArgumentError,
+    lib.PINMEM_ENOMEM: errors.OutOfMemoryError,
+    lib.PINMEM_EHUGEPAGES: errors.HugePagesExhaustedError,
+    lib.PINMEM_ENUMA_NODE: errors.NumaNodeError,
+    lib.PINMEM_ESHM_EXISTS: errors.SharedMemoryExistsError,
+    lib.PINMEM_ESHM_NOT_FOUND: errors.SharedMemoryNotFoundError,
+    lib.PINMEM_ESHM_NAME: errors.InvalidArgumentError,
+    lib.PINMEM_EUNKNOWN_PTR: errors.InvalidHandleError,
+    lib.PINMEM_ENO_CUDA: errors.FeatureUnavailableError,
+    lib.PINMEM_ECUDA: errors.NativeError,
+    lib.PINMEM_EMLOCK: errors.FeatureUnavailableError,
+    lib.PINMEM_EPERM: errors.NativeError,
+    lib.PINMEM_ESYS: errors.NativeError,
+    lib.PINMEM_EBUSY: errors.NativeError,
+    lib.PINMEM_ETOO_LARGE: errors.OutOfMemoryError,
+}
+
+if len(STATUS_EXCEPTIONS) != lib.PINMEM_STATUS_COUNT - 1:  # pragma: no cover - build drift
+    raise ImportError("kvpool._native: STATUS_EXCEPTIONS does not cover every libpinmem status")
+
+
+def check(status: int, what: str) -> None:
+    """Raise the exception for a failed libpinmem status; return on success.
+
+    Args:
+        status: what the C call returned.
+        what: the call in words, e.g. ``"allocate 4096 bytes"``; the
+            message reads ``"<what>: <libpinmem's detail>"``.
+
+    Raises:
+        KVPoolError: the subclass that :data:`STATUS_EXCEPTIONS` names, with
+            attributes ``status`` (the code), ``detail`` (libpinmem's text)
+            and, for ``OSError`` subclasses, ``errno`` when the OS gave one.
+    """
+    if status == lib.PINMEM_OK:
+        return
+    detail = ffi.string(lib.pinmem_last_detail()).decode("utf-8", "replace")
+    err = lib.pinmem_last_errno()
+    cls = STATUS_EXCEPTIONS.get(status, errors.NativeError)
+    text = ffi.string(lib.pinmem_strerror(status)).decode()
+    exc = cls(f"{what}: {detail or text}")
+    exc.status = status  # type: ignore[attr-defined]
+    exc.detail = detail  # type: ignore[attr-defined]
+    if isinstance(exc, OSError) and err:
+        exc.errno = err  # strerror stays None so str(exc) keeps the message
+    raise exc
+
+
+# ------------------------------------------------------------- validation
+
+
+def _int(name: str, value: object, *, low: int, high: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise errors.InvalidArgumentError(f"{name} must be an int, got {type(value).__name__}")
+    if name == "size" and value < low:
+        raise errors.InvalidArgumentError(f"size must be a positive number of bytes, got {value}")
+    if value < low or (high is not None and value > high):
+        bound = f"{low}..{high}" if high is not None else f">= {low}"
+        raise errors.InvalidArgumentError(f"{name} must be {bound}, got {value}")
+    return value
+
+
+def _choice(name: str, value: object, table: dict[str, int]) -> int:
+    if not isinstance(value, str) or value not in table:
+        choices = ", ".join(repr(k) for k in table)
+        raise errors.InvalidArgumentError(f"{name} must be one of {choices}; got {value!r}")
+    return table[value]
+
+
+def _name(value: object) -> bytes:
+    if not isinstance(value, str):
+        raise errors.InvalidArgumentError(
+            f"shared-memory name must be a str such as '/kvpool-cache', got {type(value).__name__}"
+        )
+    if "\0" in value:
+        raise errors.InvalidArgumentError(f"shared-memory name {value!r} contains a NUL character")
+    return value.encode("utf-8", "surrogateescape")
+
+
+def _ptr(address: object) -> Any:
+    addr = _int("address", address, low=0, high=(1 << 64) - 1)
+    return ffi.cast("void *", addr)
+
+
+_SIZE_MAX = (1 << (8 * ffi.sizeof("size_t"))) - 1
+
+
+# ----------------------------------------------------------------- region
+
+
+@dataclass(frozen=True)
+class Region:
+    """A snapshot of one live mapping as libpinmem describes it.
+
+    Attributes:
+        address: base address.
+        size: usable bytes (what was asked for).
+        mapped_size: bytes mapped, rounded up to the page size in use.
+        kind: "anonymous", "hugetlb", "shm" or "cuda-host".
+        pinned: "none", "mlock", "cuda-alloc" or "cuda-register".
+        hugepages: "none", "thp" or "hugetlb-2MiB".
+        numa_node: the node asked for, or None.
+        numa_bound: True when mbind(MPOL_BIND) took effect.
+        shm_owner: True for the creator of a shared-memory segment.
+        populate_method: "none", "madvise", "first-touch" or "driver".
+        threads_used: threads that populated the mapping.
+        register_chunks: cudaHostRegister calls behind it (0 if none).
+        page_size: page size in use, bytes.
+    """
+
+    address: int
+    size: int
+    mapped_size: int
+    kind: str
+    pinned: str
+    hugepages: str
+    numa_node: int | None
+    numa_bound: bool
+    shm_owner: bool
+    populate_method: str
+    threads_used: int
+    register_chunks: int
+    page_size: int
+
+
+def _region(r: Any) -> Region:
+    return Region(
+        address=int(ffi.cast("uintptr_t", r.addr)),
+        size=int(r.size),
+        mapped_size=int(r.mapped_size),
+        kind=KINDS.get(r.kind, f"unknown({r.kind})"),
+        pinned=PINNED.get(r.pinned, f"unknown({r.pinned})"),
+        hugepages=HUGEPAGE_RESULTS.get(r.hugepages, f"unknown({r.hugepages})"),
+        numa_node=None if r.numa_node < 0 else int(r.numa_node),
+        numa_bound=bool(r.numa_bound),
+        shm_owner=bool(r.shm_owner),
+        populate_method=POPULATE_METHODS.get(r.populate_method, "none"),
+        threads_used=int(r.threads_used),
+        register_chunks=int(r.register_chunks),
+        page_size=int(r.page_size),
+    )
+
+
+# --------------------------------------------------------------- wrappers
+
+
+def alloc(
+    size: int,
+    *,
+    pin: str = "auto",
+    hugepages: str = "never",
+    numa_node: int | None = None,
+    populate: bool = True,
+    threads: int | None = None,
+    shm_name: str | None = None,
+    shm_reuse: bool = False,
+    shm_keep: bool = False,
+    shm_mode: int = 0o600,
+) -> Region:
+    """Map memory per the arguments (``pinmem_alloc``).
+
+    Args:
+        size: bytes wanted, > 0.
+        pin: "auto", "none", "mlock", "cuda-alloc" or "cuda-register".
+        hugepages: "never", "thp", "auto" or "required".
+        numa_node: bind to this node, or None.
+        populate: make every page resident now (pinning always does).
+        threads: populate threads, None for the default.
+        shm_name: create a POSIX shared-memory segment of this name.
+        shm_reuse: replace a leftover segment of that name.
+        shm_keep: the free of the creator leaves the name in place.
+        shm_mode: permission bits of a new segment.
+
+    Returns:
+        The new mapping's :class:`Region`.
+
+    Raises:
+        InvalidArgumentError: a bad argument.
+        OutOfMemoryError: the memory is not there (or size is absurd).
+        HugePagesExhaustedError: hugepages="required" and the pool is short.
+        NumaNodeError: the node does not exist.
+        SharedMemoryExistsError: the name is taken and shm_reuse is False.
+        FeatureUnavailableError: CUDA or mlock pinning asked for and refused.
+        NativeError: the OS or the CUDA runtime failed otherwise.
+    """
+    nbytes = _int("size", size, low=1, high=_SIZE_MAX)
+    params = ffi.new("pinmem_alloc_params *")
+    lib.pinmem_params_init(params)
+    params.size = nbytes
+    params.pin = _choice("pin", pin, PIN_MODES)
+    params.hugepages = _choice("hugepages", hugepages, HUGEPAGE_MODES)
+    params.numa_node = -1 if numa_node is None else _int("numa_node", numa_node, low=0)
+    params.populate = 1 if populate else 0
+    params.threads = 0 if threads is None else _int("threads", threads, low=1, high=1024)
+    params.shm_mode = _int("shm_mode", shm_mode, low=0, high=0o7777)
+    keep_alive = None
+    if shm_name is not None:
+        keep_alive = ffi.new("char[]", _name(shm_name))
+        params.shm_name = keep_alive
+        params.flags = (lib.PINMEM_SHM_REUSE if shm_reuse else 0) | (
+            lib.PINMEM_SHM_KEEP_ON_FREE if shm_keep else 0
+        )
+    out = ffi.new("pinmem_region *")
+    status = lib.pinmem_alloc(params, out)
+    del keep_alive
+    check(status, f"allocate {nbytes} bytes (pin={pin!r}, hugepages={hugepages!r})")
+    return _region(out)
+
+
+def shm_attach(name: str, size: int = 0, *, pin: str = "auto", populate: bool = False) -> Region:
+    """Map an existing shared-memory segment (``pinmem_shm_attach``).
+
+    Args:
+        name: the segment's name, "/something".
+        size: bytes to map; 0 maps the whole segment.
+        pin: "auto", "none", "mlock" or "cuda-register".
+        populate: prefault every page (contents are never changed).
+
+    Returns:
+        The attached mapping's :class:`Region` (``shm_owner`` False).
+
+    Raises:
+        SharedMemoryNotFoundError: no segment of that name.
+        InvalidArgumentError: bad name, or size beyond the segment.
+        NativeError: the OS refused (permissions...).
+    """
+    raw = _name(name)
+    nbytes = _int("size", size, low=0, high=_SIZE_MAX)
+    mode = _choice("pin", pin, PIN_MODES)
+    out = ffi.new("pinmem_region *")
+    check(lib.pinmem_shm_attach(raw, nbytes, mode, 1 if populate else 0, out), f"attach {name!r}")
+    return _region(out)
+
+
+def shm_unlink(name: str) -> None:
+    """Remove a shared-memory name (``pinmem_shm_unlink``).
+
+    Raises:
+        SharedMemoryNotFoundError: no segment of that name.
+        InvalidArgumentError: the name breaks the naming rule.
+    """
+    check(lib.pinmem_shm_unlink(_name(name)), f"unlink shared memory {name!r}")
+
+
+def shm_size(name: str) -> int:
+    """Return the size in bytes of a named segment (``pinmem_shm_size``).
+
+    Raises:
+        SharedMemoryNotFoundError: no segment of that name.
+    """
+    out = ffi.new("size_t *")
+    check(lib.pinmem_shm_size(_name(name), out), f"size of shared memory {name!r}")
+    return int(out[0])
+
+
+def shm_name_check(name: str) -> None:
+    """Raise InvalidArgumentError unless name is a valid segment name.
+
+    The rule: '/' followed by 1..255 bytes (NAME_MAX), none of them '/'.
+    """
+    check(lib.pinmem_shm_name_check(_name(name)), f"shared-memory name {name!r}")
+
+
+def shm_release_name(address: int) -> bool:
+    """Unlink the name of a segment this process created, if still its own.
+
+    Returns:
+        True when the name was removed now; False when it was already gone
+        or now names another segment.
+
+    Raises:
+        InvalidHandleError: address is not a live mapping.
+        InvalidArgumentError: the mapping is not a segment this process created.
+    """
+    out = ffi.new("int *")
+    check(lib.pinmem_shm_release_name(_ptr(address), out), f"release name of {address:#x}")
+    return bool(out[0])
+
+
+def free(address: int) -> None:
+    """Free the mapping at address the way its kind requires (``pinmem_free``).
+
+    Raises:
+        InvalidHandleError: not the base of a live mapping (double free,
+            interior pointer, never allocated).
+        NativeError: munmap or CUDA unregister failed.
+    """
+    check(lib.pinmem_free(_ptr(address)), f"free {address:#x}")
+
+
+def query(address: int) -> Region:
+    """Describe the live mapping at address (``pinmem_query``).
+
+    Raises:
+        InvalidHandleError: not the base of a live mapping.
+    """
+    out = ffi.new("pinmem_region *")
+    check(lib.pinmem_query(_ptr(address), out), f"query {address:#x}")
+    return _region(out)
+
+
+def live() -> tuple[int, int]:
+    """Return (number of live mappings, their mapped bytes) (``pinmem_live``)."""
+    count = ffi.new("size_t *")
+    nbytes = ffi.new("size_t *")
+    check(lib.pinmem_live(count, nbytes), "count live mappings")
+    return int(count[0]), int(nbytes[0])
+
+
+def populate(address: int, length: int, threads: int | None = None) -> tuple[str, int]:
+    """Make fresh memory resident (``pinmem_populate``).
+
+    Writes zeros where MADV_POPULATE_WRITE is unavailable, so use it only
+    on memory that holds nothing yet.
+
+    Returns:
+        (method, threads used): method is "madvise" or "first-touch".
+    """
+    nbytes = _int("length", length, low=1, high=_SIZE_MAX)
+    nthreads = 0 if threads is None else _int("threads", threads, low=1, high=1024)
+    method = ffi.new("int *")
+    used = ffi.new("int *")
+    check(lib.pinmem_populate(_ptr(address), nbytes, nthreads, method, used), "populate")
+    return POPULATE_METHODS.get(method[0], "none"), int(used[0])
+
+
+def resident_bytes(address: int, length: int) -> int:
+    """Bytes of [address, address+length) resident in RAM (mincore).
+
+    Raises:
+        InvalidArgumentError: unaligned address or a range not mapped.
+    """
+    nbytes = _int("length", length, low=1, high=_SIZE_MAX)
+    out = ffi.new("size_t *")
+    check(lib.pinmem_resident_bytes(_ptr(address), nbytes, out), "count resident bytes")
+    return int(out[0])
+
+
+def probe() -> dict[str, Any]:
+    """Run the capability probe (``pinmem_probe``) and return it as a dict.
+
+    Keys: cuda_loaded, cuda_device_count, cuda_runtime_version, cuda_status,
+    cuda_runtime_path, cuda_error, hugepages (list of (page_size_kib,
+    total, free)), numa_nodes (list), memlock_soft, memlock_hard (None =
+    unlimited), cap_ipc_lock, populate_write, cpu_count, cpu_affinity,
+    thp_mode (int), page_size, default_populate_threads, mem_total.
+    """
+    c = ffi.new("pinmem_caps *")
+    check(lib.pinmem_probe(c), "probe capabilities")
+    unlimited = (1 << 64) - 1
+    return {
+        "cuda_loaded": bool(c.cuda_loaded),
+        "cuda_device_count": int(c.cuda_device_count),
+        "cuda_runtime_version": int(c.cuda_runtime_version),
+        "cuda_status": int(c.cuda_status),
+        "cuda_runtime_path": ffi.string(c.cuda_runtime_path).decode("utf-8", "replace"),
+        "cuda_error": ffi.string(c.cuda_error).decode("utf-8", "replace"),
+        "hugepages": [
+            (int(c.hugepages[i].page_size_kib), int(c.hugepages[i].total), int(c.hugepages[i].free))
+            for i in range(c.hugepage_size_count)
+        ],
+        "numa_nodes": [int(c.numa_nodes[i]) for i in range(c.numa_node_count)],
+        "memlock_soft": None if c.memlock_soft == unlimited else int(c.memlock_soft),
+        "memlock_hard": None if c.memlock_hard == unlimited else int(c.memlock_hard),
+        "cap_ipc_lock": bool(c.cap_ipc_lock),
+        "populate_write": bool(c.populate_write),
+        "cpu_count": int(c.cpu_count),
+        "cpu_affinity": int(c.cpu_affinity),
+        "thp_mode": int(c.thp_mode),
+        "page_size": int(c.page_size),
+        "default_populate_threads": int(c.default_populate_threads),
+        "mem_total": int(c.mem_total),
+    }
+
+
+def numa_nodes() -> list[int]:
+    """Return the online NUMA nodes, ascending (``pinmem_numa_nodes``)."""
+    cap = lib.PINMEM_MAX_NUMA_NODES
+    nodes = ffi.new("int[]", cap)
+    count = ffi.new("int *")
+    check(lib.pinmem_numa_nodes(nodes, cap, count), "list NUMA nodes")
+    return [int(nodes[i]) for i in range(count[0])]
+
+
+def current_cpu() -> tuple[int, int]:
+    """Return (cpu, numa node) the calling thread runs on (getcpu)."""
+    cpu = ffi.new("int *")
+    node = ffi.new("int *")
+    check(lib.pinmem_current_cpu(cpu, node), "getcpu")
+    return int(cpu[0]), int(node[0])
+
+
+def hugepages_2m(node: int | None = None) -> tuple[int, int]:
+    """Return (total, available) 2 MiB hugepages, system-wide or on a node.
+
+    Available is free minus reserved pages (what a new mapping can get).
+
+    Raises:
+        NativeError: there is no 2 MiB pool (sysfs entries missing).
+        NumaNodeError: the node does not exist.
+    """
+    n = -1 if node is None else _int("node", node, low=0)
+    total = ffi.new("int64_t *")
+    free_pages = ffi.new("int64_t *")
+    check(lib.pinmem_hugepages_2m(n, total, free_pages), "read the 2 MiB hugepage pool")
+    return int(total[0]), int(free_pages[0])
+
+
+def _option(name: object) -> int:
+    if not isinstance(name, str) or name not in OPTIONS:
+        raise errors.InvalidArgumentError(
+            f"option must be one of {', '.join(sorted(OPTIONS))}; got {name!r}"
+        )
+    return OPTIONS[name][0]
+
+
+def option_get(name: str) -> int:
+    """Return the current value of a libpinmem option (see :data:`OPTIONS`)."""
+    out = ffi.new("int64_t *")
+    check(lib.pinmem_option_get(_option(name), out), f"read option {name}")
+    return int(out[0])
+
+
+def option_set(name: str, value: int) -> int:
+    """Set a libpinmem option; return its previous value.
+
+    Raises:
+        InvalidArgumentError: unknown option or value out of its range.
+    """
+    opt = _option(name)
+    v = _int("value", value, low=-(1 << 63), high=(1 << 63) - 1)
+    old = option_get(name)
+    check(lib.pinmem_option_set(opt, v), f"set option {name}={v}")
+    return old
+
+
+def cuda_reload(path: str | None = None) -> None:
+    """Choose the CUDA runtime again (``pinmem_cuda_reload``).
+
+    Args:
+        path: None = discovery ($KVPOOL_CUDART, a libcudart already loaded,
+            the usual sonames); "" = no CUDA; else that file.
+
+    Raises:
+        NativeError: CUDA-pinned mappings are still live.
+    """
+    if path is None:
+        check(lib.pinmem_cuda_reload(ffi.NULL), "reload the CUDA runtime")
+        return
+    if not isinstance(path, str) or "\0" in path:
+        raise errors.InvalidArgumentError(f"path must be a str without NUL, got {path!r}")
+    check(lib.pinmem_cuda_reload(os.fsencode(path)), f"load the CUDA runtime {path!r}")

@@ -1,0 +1,318 @@
+/*
+ * libpinmem -- the operating-system and CUDA half of kvpool.
+ *
+ * One header, one prefix (pinmem_ / PINMEM_).  Every call returns an int
+ * status (PINMEM_OK == 0, otherwise one of the PINMEM_E* codes below) and
+ * hands results back through out-parameters.  pinmem_strerror() names a
+ * status; pinmem_last_detail() gives the calling thread's explanation of its
+ * most recent failure (errno text, CUDA error string, page counts).  The
+ * library never prints and never aborts.
+ *
+ * Thread safety: every call may be made from any thread.  The registry of
+ * live mappings and the CUDA runtime loader are each guarded by a mutex;
+ * options are atomic; the failure detail is thread-local.
+ *
+ * What it does:
+ *   - pinned host memory: cudaHostAlloc, or mmap + parallel populate +
+ *     cudaHostRegister in chunks (with rollback), or mlock without CUDA;
+ *     the CUDA runtime is found at run time with dlopen, never linked;
+ *   - NUMA-local memory through the raw mbind(2) syscall;
+ *   - 2 MiB hugetlb pages and transparent hugepages;
+ *   - POSIX shared memory that other processes attach to by name;
+ *   - parallel population of fresh mappings;
+ *   - frees that match the kind of each mapping, driven by a registry, so a
+ *     double free or a stray pointer is a status, never a crash;
+ *   - a capability probe.
+ *
+ * The block between the PINMEM_CDEF markers is also fed to cffi by
+ * build.py, so it holds only declarations cffi understands: integer
+ * #defines, enums with explicit values, structs and prototypes (the
+ * PINMEM_API marker is removed before cffi sees it).
+ */
+#ifndef PINMEM_H
+#define PINMEM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(__GNUC__)
+#define PINMEM_API __attribute__((visibility("default")))
+#else
+#define PINMEM_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* PINMEM_CDEF_BEGIN */
+
+#define PINMEM_VERSION 1
+#define PINMEM_MAX_NUMA_NODES 1024
+#define PINMEM_MAX_HUGEPAGE_SIZES 8
+#define PINMEM_PATH_MAX 512
+
+/* Status codes.  0 is success; every other value names one failure. */
+typedef enum pinmem_status {
+    PINMEM_OK = 0,
+    PINMEM_EINVAL = 1,          /* an argument is out of range or inconsistent */
+    PINMEM_ENOMEM = 2,          /* the kernel could not map or populate the memory */
+    PINMEM_EHUGEPAGES = 3,      /* too few free 2 MiB pages in the hugetlb pool */
+    PINMEM_ENUMA_NODE = 4,      /* the NUMA node does not exist (or has no memory) */
+    PINMEM_ESHM_EXISTS = 5,     /* a shared-memory segment of that name exists */
+    PINMEM_ESHM_NOT_FOUND = 6,  /* no shared-memory segment of that name */
+    PINMEM_ESHM_NAME = 7,       /* the shared-memory name breaks the naming rule */
+    PINMEM_EUNKNOWN_PTR = 8,    /* not the base of a live mapping (double free?) */
+    PINMEM_ENO_CUDA = 9,        /* a CUDA path was asked for, no runtime or device */
+    PINMEM_ECUDA = 10,          /* a CUDA runtime call failed */
+    PINMEM_EMLOCK = 11,         /* mlock was asked for and refused */
+    PINMEM_EPERM = 12,          /* the operating system refused (permissions) */
+    PINMEM_ESYS = 13,           /* another operating-system call failed */
+    PINMEM_EBUSY = 14,          /* the operation needs no live CUDA mappings */
+    PINMEM_ETOO_LARGE = 15,     /* size beyond what the machine can map or hold */
+    PINMEM_STATUS_COUNT = 16
+} pinmem_status;
+
+/* How a request wants its memory pinned. */
+typedef enum pinmem_pin_mode {
+    PINMEM_PIN_AUTO = 0,          /* best available: CUDA, else mlock, else none */
+    PINMEM_PIN_NONE = 1,          /* do not pin */
+    PINMEM_PIN_MLOCK = 2,         /* mlock, fail with PINMEM_EMLOCK if refused */
+    PINMEM_PIN_CUDA_ALLOC = 3,    /* cudaHostAlloc (register path above threshold) */
+    PINMEM_PIN_CUDA_REGISTER = 4  /* mmap + populate + cudaHostRegister in chunks */
+} pinmem_pin_mode;
+
+/* How a mapping actually ended up pinned (reported, never assumed). */
+typedef enum pinmem_pinned {
+    PINMEM_PINNED_NONE = 0,
+    PINMEM_PINNED_MLOCK = 1,
+    PINMEM_PINNED_CUDA_ALLOC = 2,
+    PINMEM_PINNED_CUDA_REGISTER = 3
+} pinmem_pinned;
+
+/* Hugepage policy of a request. */
+typedef enum pinmem_hugepage_mode {
+    PINMEM_HUGE_NEVER = 0,     /* 4 KiB pages, no advice */
+    PINMEM_HUGE_THP = 1,       /* MADV_HUGEPAGE before populating */
+    PINMEM_HUGE_AUTO = 2,      /* hugetlb 2 MiB if enough free pages, else 4 KiB (or THP) */
+    PINMEM_HUGE_REQUIRED = 3   /* hugetlb 2 MiB or PINMEM_EHUGEPAGES */
+} pinmem_hugepage_mode;
+
+/* Which pages back a mapping (reported). */
+typedef enum pinmem_huge_result {
+    PINMEM_HUGE_RESULT_NONE = 0,
+    PINMEM_HUGE_RESULT_THP = 1,
+    PINMEM_HUGE_RESULT_HUGETLB_2M = 2
+} pinmem_huge_result;
+
+/* What kind of mapping a region is; each kind has its own free path. */
+typedef enum pinmem_kind {
+    PINMEM_KIND_ANONYMOUS = 0,  /* private anonymous mmap, 4 KiB pages (maybe THP) */
+    PINMEM_KIND_HUGETLB = 1,    /* private anonymous mmap of 2 MiB hugetlb pages */
+    PINMEM_KIND_SHM = 2,        /* POSIX shared memory, MAP_SHARED */
+    PINMEM_KIND_CUDA_HOST = 3   /* cudaHostAlloc */
+} pinmem_kind;
+
+/* How pages were made resident. */
+typedef enum pinmem_populate_method {
+    PINMEM_POPULATE_NONE = 0,          /* not populated by libpinmem */
+    PINMEM_POPULATE_MADVISE = 1,       /* MADV_POPULATE_WRITE */
+    PINMEM_POPULATE_FIRST_TOUCH = 2,   /* one write per page */
+    PINMEM_POPULATE_BY_DRIVER = 3      /* cudaHostAlloc populated it */
+} pinmem_populate_method;
+
+/* Flags of pinmem_alloc_params.flags. */
+#define PINMEM_SHM_REUSE 1             /* replace a leftover segment of the same name */
+#define PINMEM_SHM_KEEP_ON_FREE 2      /* creator's free does not unlink the name */
+
+/*
+ * Options, in the mimalloc style: each has a default, an environment
+ * variable read once on first use, and pinmem_option_set() to change it.
+ *
+ *   PINMEM_OPT_POPULATE_THREADS      KVPOOL_POPULATE_THREADS       0 = CPUs in
+ *        the affinity mask, at most 16.  Threads used to populate a mapping.
+ *   PINMEM_OPT_REGISTER_CHUNK        KVPOOL_REGISTER_CHUNK_BYTES   64 GiB.
+ *        Largest single cudaHostRegister call.
+ *   PINMEM_OPT_REGISTER_THRESHOLD    KVPOOL_REGISTER_THRESHOLD_BYTES 512 GiB.
+ *        At or above this size CUDA pinning always takes the register path.
+ *   PINMEM_OPT_USE_POPULATE_WRITE    KVPOOL_USE_POPULATE_WRITE     1.  0 makes
+ *        populate behave as if the kernel lacked MADV_POPULATE_WRITE.
+ *   PINMEM_OPT_FAKE_MBIND_EPERM      KVPOOL_FAKE_MBIND_EPERM       0.  1 makes
+ *        mbind behave as if refused with EPERM (as in containers).
+ *   PINMEM_OPT_FAKE_MLOCK_EPERM      KVPOOL_FAKE_MLOCK_EPERM       0.  1 makes
+ *        mlock behave as if refused with EPERM.
+ *   PINMEM_OPT_MLOCK_MODE            KVPOOL_MLOCK_MODE             3.  How mlock
+ *        pinning is done: 0 = one mlock call after populating; 1 = each
+ *        populate thread mlocks its own chunk; 2 = mlock2(MLOCK_ONFAULT)
+ *        before populating, so pages are locked as the threads fault them
+ *        (falls back to 1 where the kernel lacks mlock2); 3 = by page
+ *        size: 0 for hugetlb (locking resident 2 MiB pages costs < 1 ms per
+ *        4 GiB, while ONFAULT serialised the populate threads), 2 for
+ *        4 KiB/THP mappings (saves a second page walk of ~0.25 s per 4 GiB
+ *        that does not parallelise).
+ *   PINMEM_OPT_MIN_THREAD_BYTES      KVPOOL_MIN_THREAD_BYTES       64 MiB.
+ *        Smallest share of a mapping worth its own populate thread.
+ *   PINMEM_OPT_AUTO_FALLBACK_THP     KVPOOL_AUTO_FALLBACK_THP      0.  What
+ *        PINMEM_HUGE_AUTO falls back to without enough hugetlb pages: 0 =
+ *        4 KiB pages, 1 = transparent hugepages.  (On a VM with free-page
+ *        reporting, THP on memory the host has taken back populated at
+ *        0.26-0.32 GB/s against 1.0-3.3 GB/s for 4 KiB pages.)
+ */
+typedef enum pinmem_option {
+    PINMEM_OPT_POPULATE_THREADS = 0,
+    PINMEM_OPT_REGISTER_CHUNK = 1,
+    PINMEM_OPT_REGISTER_THRESHOLD = 2,
+    PINMEM_OPT_USE_POPULATE_WRITE = 3,
+    PINMEM_OPT_FAKE_MBIND_EPERM = 4,
+    PINMEM_OPT_FAKE_MLOCK_EPERM = 5,
+    PINMEM_OPT_MLOCK_MODE = 6,
+    PINMEM_OPT_MIN_THREAD_BYTES = 7,
+    PINMEM_OPT_AUTO_FALLBACK_THP = 8,
+    PINMEM_OPT_COUNT = 9
+} pinmem_option;
+
+/* A request.  Zero-initialise, then set what you need; pinmem_params_init
+ * fills the defaults (numa_node -1, everything else 0/auto). */
+typedef struct pinmem_alloc_params {
+    size_t size;            /* bytes wanted, > 0 */
+    int pin;                /* pinmem_pin_mode */
+    int hugepages;          /* pinmem_hugepage_mode */
+    int numa_node;          /* -1 = no binding */
+    int populate;           /* nonzero: make every page resident */
+    int threads;            /* populate threads, 0 = option default */
+    int flags;              /* PINMEM_SHM_* */
+    const char *shm_name;   /* NULL = anonymous; else "/name" */
+    unsigned int shm_mode;  /* permission bits, 0 = 0600 */
+} pinmem_alloc_params;
+
+/* What a live mapping is. */
+typedef struct pinmem_region {
+    void *addr;             /* base address */
+    size_t size;            /* usable bytes (what was asked for) */
+    size_t mapped_size;     /* bytes mapped, rounded up to the page size in use */
+    int kind;               /* pinmem_kind */
+    int pinned;             /* pinmem_pinned */
+    int hugepages;          /* pinmem_huge_result */
+    int numa_node;          /* -1 when not requested */
+    int numa_bound;         /* 1 when mbind(MPOL_BIND) took effect */
+    int shm_owner;          /* 1 for the creator of a segment */
+    int populate_method;    /* pinmem_populate_method */
+    int threads_used;       /* threads that populated it */
+    int register_chunks;    /* cudaHostRegister calls behind it (0 if none) */
+    size_t page_size;       /* page size in use */
+} pinmem_region;
+
+typedef struct pinmem_hugepage_pool {
+    uint64_t page_size_kib;
+    int64_t total;          /* nr_hugepages, -1 if unreadable */
+    int64_t free;           /* free_hugepages, -1 if unreadable */
+} pinmem_hugepage_pool;
+
+/* The capability probe. */
+typedef struct pinmem_caps {
+    int cuda_loaded;                        /* a CUDA runtime was found */
+    int cuda_device_count;                  /* 0 without devices */
+    int cuda_runtime_version;               /* e.g. 12040, 0 if unknown */
+    int cuda_status;                        /* cudaGetDeviceCount's error code */
+    char cuda_runtime_path[PINMEM_PATH_MAX];/* what was loaded, or "" */
+    char cuda_error[PINMEM_PATH_MAX];       /* why none was usable, or "" */
+    int hugepage_size_count;
+    pinmem_hugepage_pool hugepages[PINMEM_MAX_HUGEPAGE_SIZES];
+    int numa_node_count;
+    int numa_nodes[PINMEM_MAX_NUMA_NODES];  /* online nodes, ascending */
+    uint64_t memlock_soft;                  /* bytes, UINT64_MAX = unlimited */
+    uint64_t memlock_hard;
+    int cap_ipc_lock;                       /* CAP_IPC_LOCK in the effective set */
+    int populate_write;                     /* MADV_POPULATE_WRITE works here */
+    int cpu_count;                          /* CPUs online */
+    int cpu_affinity;                       /* CPUs this process may run on */
+    int thp_mode;                           /* 0 never, 1 madvise, 2 always, -1 unknown */
+    size_t page_size;
+    int default_populate_threads;
+    uint64_t mem_total;                     /* bytes of RAM */
+} pinmem_caps;
+
+/* Version of this library (PINMEM_VERSION when built). */
+PINMEM_API int pinmem_version(void);
+
+/* Static text for a status; never NULL. */
+PINMEM_API const char *pinmem_strerror(int status);
+
+/* The calling thread's explanation of its last failed call ("" if none). */
+PINMEM_API const char *pinmem_last_detail(void);
+
+/* The errno behind the calling thread's last failure (0 if none). */
+PINMEM_API int pinmem_last_errno(void);
+
+/* Fill *params with defaults. */
+PINMEM_API int pinmem_params_init(pinmem_alloc_params *params);
+
+/* Map, bind, populate and pin per *params; describe the result in *out. */
+PINMEM_API int pinmem_alloc(const pinmem_alloc_params *params, pinmem_region *out);
+
+/* Map an existing shared-memory segment created by another process.
+ * size 0 maps the whole segment; pin is a pinmem_pin_mode (AUTO, NONE,
+ * MLOCK, CUDA_REGISTER); populate prefaults without changing contents. */
+PINMEM_API int pinmem_shm_attach(const char *name, size_t size, int pin, int populate,
+                                 pinmem_region *out);
+
+/* Remove a shared-memory name (mappings stay valid until freed). */
+PINMEM_API int pinmem_shm_unlink(const char *name);
+
+/* Size in bytes of a named segment. */
+PINMEM_API int pinmem_shm_size(const char *name, size_t *size);
+
+/* Check a shared-memory name: '/' then 1..255 bytes, none of them '/'. */
+PINMEM_API int pinmem_shm_name_check(const char *name);
+
+/* The creator unlinks its segment's name now (only if the name still refers
+ * to the segment it created).  *unlinked is set to 1 when it did. */
+PINMEM_API int pinmem_shm_release_name(void *addr, int *unlinked);
+
+/* Free a mapping by its base address, the way its kind requires. */
+PINMEM_API int pinmem_free(void *addr);
+
+/* Describe the live mapping whose base is addr. */
+PINMEM_API int pinmem_query(void *addr, pinmem_region *out);
+
+/* Number of live mappings and their mapped bytes. */
+PINMEM_API int pinmem_live(size_t *count, size_t *bytes);
+
+/* Make [addr, addr+len) resident with up to threads threads (0 = default);
+ * writes zeros where MADV_POPULATE_WRITE is unavailable, so only for fresh
+ * memory.  *method receives a pinmem_populate_method, *threads_used the
+ * number of threads. */
+PINMEM_API int pinmem_populate(void *addr, size_t len, int threads, int *method,
+                               int *threads_used);
+
+/* Bytes of [addr, addr+len) resident in memory (mincore). */
+PINMEM_API int pinmem_resident_bytes(void *addr, size_t len, size_t *resident);
+
+/* The capability probe. */
+PINMEM_API int pinmem_probe(pinmem_caps *out);
+
+/* Online NUMA nodes: up to max entries into nodes, count into *count. */
+PINMEM_API int pinmem_numa_nodes(int *nodes, int max, int *count);
+
+/* CPU and NUMA node the calling thread runs on (getcpu). */
+PINMEM_API int pinmem_current_cpu(int *cpu, int *node);
+
+/* Free and total 2 MiB hugepages, system-wide (node -1) or on one node. */
+PINMEM_API int pinmem_hugepages_2m(int node, int64_t *total, int64_t *free_pages);
+
+/* Read or change an option. */
+PINMEM_API int pinmem_option_get(int option, int64_t *value);
+PINMEM_API int pinmem_option_set(int option, int64_t value);
+
+/* Choose the CUDA runtime again: path NULL = discovery (KVPOOL_CUDART, then
+ * an already loaded libcudart, then the usual sonames); "" = no CUDA.
+ * PINMEM_EBUSY while CUDA-pinned mappings are live. */
+PINMEM_API int pinmem_cuda_reload(const char *path);
+
+/* PINMEM_CDEF_END */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* PINMEM_H */

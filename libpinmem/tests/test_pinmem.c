@@ -1,0 +1,582 @@
+/*
+ * libpinmem's own test program: every public call, without Python.
+ *
+ *   test_pinmem [path/to/libfakecudart.so]
+ *
+ * With the fake CUDA runtime's path it also tests the CUDA paths (register
+ * in chunks, rollback, cudaHostAlloc, the size threshold).  Exits 0 when all
+ * checks pass; prints one line per failed check.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "../pinmem.h"
+
+static int checks, failures;
+
+#define CHECK(cond, ...)                                                                        \
+    do {                                                                                        \
+        checks++;                                                                               \
+        if (!(cond)) {                                                                          \
+            failures++;                                                                         \
+            printf("FAIL %s:%d: %s -- ", __FILE__, __LINE__, #cond);                            \
+            printf(__VA_ARGS__);                                                                \
+            printf(" [detail: %s]\n", pinmem_last_detail());                                    \
+        }                                                                                       \
+    } while (0)
+
+#define MIB ((size_t)1 << 20)
+
+static pinmem_alloc_params params(size_t size)
+{
+    pinmem_alloc_params p;
+    pinmem_params_init(&p);
+    p.size = size;
+    p.pin = PINMEM_PIN_NONE;
+    return p;
+}
+
+static size_t resident(const pinmem_region *r)
+{
+    size_t bytes = 0;
+    if (pinmem_resident_bytes(r->addr, r->mapped_size, &bytes) != PINMEM_OK)
+        return 0;
+    return bytes;
+}
+
+static int pattern_ok(const pinmem_region *r)
+{
+    unsigned char *b = r->addr;
+    for (size_t i = 0; i < r->size; i += 4093)
+        b[i] = (unsigned char)(i * 7 + 3);
+    b[r->size - 1] = 0xA5;
+    for (size_t i = 0; i < r->size - 1; i += 4093)
+        if (b[i] != (unsigned char)(i * 7 + 3))
+            return 0;
+    return b[r->size - 1] == 0xA5;
+}
+
+/* Bytes of the mapping at addr that /proc/self/smaps reports as Locked. */
+static size_t locked_bytes(void *addr, size_t len)
+{
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (f == NULL)
+        return 0;
+    char line[512];
+    uintptr_t lo = (uintptr_t)addr, hi = lo + len;
+    int inside = 0;
+    size_t total = 0;
+    while (fgets(line, sizeof line, f) != NULL) {
+        unsigned long a, b;
+        if (sscanf(line, "%lx-%lx ", &a, &b) == 2 && strchr(line, '-') < strchr(line, ' ')) {
+            inside = a >= lo && b <= hi;
+            continue;
+        }
+        unsigned long kb;
+        if (inside && sscanf(line, "Locked: %lu kB", &kb) == 1)
+            total += kb * 1024;
+    }
+    fclose(f);
+    return total;
+}
+
+static size_t live_count(void)
+{
+    size_t n = 0, bytes = 0;
+    pinmem_live(&n, &bytes);
+    return n;
+}
+
+static void test_basics(void)
+{
+    CHECK(pinmem_version() == PINMEM_VERSION, "version %d", pinmem_version());
+    for (int s = 0; s < PINMEM_STATUS_COUNT; s++)
+        CHECK(pinmem_strerror(s) != NULL && pinmem_strerror(s)[0] != '\0', "status %d", s);
+    CHECK(strcmp(pinmem_strerror(999), "unknown libpinmem status") == 0, "999");
+    CHECK(pinmem_strerror(-1) != NULL, "-1");
+    int64_t v = 0;
+    CHECK(pinmem_option_get(PINMEM_OPT_REGISTER_CHUNK, &v) == PINMEM_OK && v == (int64_t)64 << 30,
+          "default register chunk %lld", (long long)v);
+    CHECK(pinmem_option_get(PINMEM_OPT_COUNT, &v) == PINMEM_EINVAL, "bad option");
+    CHECK(pinmem_option_set(PINMEM_OPT_USE_POPULATE_WRITE, 7) == PINMEM_EINVAL, "out of range");
+    CHECK(strstr(pinmem_last_detail(), "KVPOOL_USE_POPULATE_WRITE") != NULL, "detail names env");
+}
+
+static void test_bad_input(void)
+{
+    pinmem_region r;
+    pinmem_alloc_params p = params(0);
+    CHECK(pinmem_alloc(&p, &r) == PINMEM_EINVAL, "size 0");
+    CHECK(strstr(pinmem_last_detail(), "size") != NULL, "detail names size");
+    p = params((size_t)1 << 62);
+    CHECK(pinmem_alloc(&p, &r) == PINMEM_ETOO_LARGE, "size 2^62");
+    p = params(SIZE_MAX);
+    CHECK(pinmem_alloc(&p, &r) == PINMEM_ETOO_LARGE, "SIZE_MAX");
+    p = params(MIB);
+    p.pin = 42;
+    CHECK(pinmem_alloc(&p, &r) == PINMEM_EINVAL, "pin 42");
+    p = params(MIB);
+    p.hugepages = -1;
+    CHECK(pinmem_alloc(&p, &r) == PINMEM_EINVAL, "hugepages -1");
+    p = params(MIB);
+    p.threads = -3;
+    CHECK(pinmem_alloc(&p, &r) == PINMEM_EINVAL, "threads -3");
+    CHECK(pinmem_alloc(NULL, &r) == PINMEM_EINVAL, "NULL params");
+    CHECK(pinmem_free(NULL) == PINMEM_EUNKNOWN_PTR, "free NULL");
+    int x;
+    CHECK(pinmem_free(&x) == PINMEM_EUNKNOWN_PTR, "free stack pointer");
+    CHECK(strstr(pinmem_last_detail(), "not a live mapping") != NULL, "detail");
+    CHECK(pinmem_query(&x, &r) == PINMEM_EUNKNOWN_PTR, "query unknown");
+}
+
+static void test_anonymous(void)
+{
+    size_t before = live_count();
+    pinmem_alloc_params p = params(64 * MIB + 123);
+    p.threads = 2;
+    pinmem_region r;
+    int rc = pinmem_alloc(&p, &r);
+    CHECK(rc == PINMEM_OK, "anonymous alloc rc %d", rc);
+    if (rc != PINMEM_OK)
+        return;
+    CHECK(r.kind == PINMEM_KIND_ANONYMOUS, "kind %d", r.kind);
+    CHECK(r.size == p.size && r.mapped_size >= r.size && r.mapped_size % 4096 == 0, "sizes");
+    CHECK(r.pinned == PINMEM_PINNED_NONE, "pinned %d", r.pinned);
+    CHECK(resident(&r) == r.mapped_size, "resident %zu of %zu", resident(&r), r.mapped_size);
+    CHECK(r.populate_method == PINMEM_POPULATE_MADVISE ||
+              r.populate_method == PINMEM_POPULATE_FIRST_TOUCH,
+          "method %d", r.populate_method);
+    CHECK(pattern_ok(&r), "pattern");
+    CHECK(live_count() == before + 1, "live +1");
+    pinmem_region q;
+    CHECK(pinmem_query(r.addr, &q) == PINMEM_OK && q.size == r.size, "query");
+    CHECK(pinmem_free((char *)r.addr + 4096) == PINMEM_EUNKNOWN_PTR, "interior pointer");
+    CHECK(strstr(pinmem_last_detail(), "inside the mapping") != NULL, "interior detail");
+    CHECK(pinmem_free(r.addr) == PINMEM_OK, "free");
+    CHECK(pinmem_free(r.addr) == PINMEM_EUNKNOWN_PTR, "double free");
+    CHECK(live_count() == before, "live back");
+
+    /* Not populated: nothing resident yet. */
+    p = params(32 * MIB);
+    p.populate = 0;
+    CHECK(pinmem_alloc(&p, &r) == PINMEM_OK, "unpopulated");
+    CHECK(resident(&r) == 0, "unpopulated resident %zu", resident(&r));
+    CHECK(r.populate_method == PINMEM_POPULATE_NONE, "method none");
+    CHECK(pinmem_free(r.addr) == PINMEM_OK, "free");
+}
+
+static void test_first_touch(void)
+{
+    pinmem_option_set(PINMEM_OPT_USE_POPULATE_WRITE, 0);
+    pinmem_alloc_params p = params(48 * MIB);
+    p.threads = 2;
+    pinmem_region r;
+    CHECK(pinmem_alloc(&p, &r) == PINMEM_OK, "first-touch alloc");
+    CHECK(r.populate_method == PINMEM_POPULATE_FIRST_TOUCH, "method %d", r.populate_method);
+    CHECK(resident(&r) == r.mapped_size, "resident %zu", resident(&r));
+    pinmem_free(r.addr);
+    pinmem_option_set(PINMEM_OPT_USE_POPULATE_WRITE, 1);
+}
+
+static void test_mlock(void)
+{
+    pinmem_alloc_params p = params(8 * MIB);
+    pinmem_region r;
+    p.pin = PINMEM_PIN_MLOCK;
+    int rc = pinmem_alloc(&p, &r);
+    CHECK(rc == PINMEM_OK || rc == PINMEM_EMLOCK, "mlock rc %d", rc);
+    if (rc == PINMEM_OK) {
+        CHECK(r.pinned == PINMEM_PINNED_MLOCK, "pinned %d", r.pinned);
+        CHECK(locked_bytes(r.addr, r.mapped_size) == r.mapped_size, "locked %zu of %zu",
+              locked_bytes(r.addr, r.mapped_size), r.mapped_size);
+        CHECK(resident(&r) == r.mapped_size, "resident");
+        pinmem_free(r.addr);
+    }
+    pinmem_option_set(PINMEM_OPT_FAKE_MLOCK_EPERM, 1);
+    rc = pinmem_alloc(&p, &r);
+    CHECK(rc == PINMEM_EMLOCK, "explicit mlock refused rc %d", rc);
+    CHECK(strstr(pinmem_last_detail(), "memlock limit") != NULL, "detail names limit");
+    p.pin = PINMEM_PIN_AUTO;
+    rc = pinmem_alloc(&p, &r);
+    CHECK(rc == PINMEM_OK && r.pinned == PINMEM_PINNED_NONE, "auto degrades rc %d pinned %d", rc,
+          r.pinned);
+    if (rc == PINMEM_OK) {
+        CHECK(resident(&r) == r.mapped_size, "still populated");
+        CHECK(locked_bytes(r.addr, r.mapped_size) == 0, "nothing locked");
+        pinmem_free(r.addr);
+    }
+    pinmem_option_set(PINMEM_OPT_FAKE_MLOCK_EPERM, 0);
+}
+
+static void test_hugepages(void)
+{
+    int64_t total = -1, avail = -1;
+    if (pinmem_hugepages_2m(-1, &total, &avail) != PINMEM_OK) {
+        printf("skip hugepages: no 2 MiB pool\n");
+        return;
+    }
+    pinmem_region r;
+    pinmem_alloc_params p = params((size_t)(avail + 1) * 2 * MIB);
+    p.hugepages = PINMEM_HUGE_REQUIRED;
+    p.populate = 0;
+    CHECK(pinmem_alloc(&p, &r) == PINMEM_EHUGEPAGES, "pool too small");
+    CHECK(strstr(pinmem_last_detail(), "nr_hugepages") != NULL, "detail names the fix");
+    p.hugepages = PINMEM_HUGE_AUTO;
+    p.size = 8 * MIB;
+    if (avail < 4) {
+        CHECK(pinmem_alloc(&p, &r) == PINMEM_OK && r.kind == PINMEM_KIND_ANONYMOUS,
+              "auto falls back");
+        pinmem_free(r.addr);
+        printf("skip hugetlb mapping: %lld free 2 MiB pages\n", (long long)avail);
+        return;
+    }
+    p.size = 3 * MIB + 5;
+    p.hugepages = PINMEM_HUGE_REQUIRED;
+    p.populate = 1;
+    CHECK(pinmem_alloc(&p, &r) == PINMEM_OK, "hugetlb alloc");
+    CHECK(r.kind == PINMEM_KIND_HUGETLB && r.hugepages == PINMEM_HUGE_RESULT_HUGETLB_2M, "kind");
+    CHECK(r.mapped_size == 4 * MIB && r.page_size == 2 * MIB, "rounded %zu", r.mapped_size);
+    CHECK(resident(&r) == r.mapped_size, "resident");
+    CHECK(pattern_ok(&r), "pattern");
+    CHECK(pinmem_free(r.addr) == PINMEM_OK, "free");
+}
+
+static void test_thp(void)
+{
+    pinmem_alloc_params p = params(16 * MIB);
+    p.hugepages = PINMEM_HUGE_THP;
+    pinmem_region r;
+    pinmem_caps c;
+    pinmem_probe(&c);
+    CHECK(pinmem_alloc(&p, &r) == PINMEM_OK, "thp alloc");
+    CHECK((uintptr_t)r.addr % (2 * MIB) == 0, "2 MiB aligned");
+    CHECK(r.hugepages == (c.thp_mode > 0 ? PINMEM_HUGE_RESULT_THP : PINMEM_HUGE_RESULT_NONE),
+          "thp result %d mode %d", r.hugepages, c.thp_mode);
+    pinmem_free(r.addr);
+}
+
+static void test_numa(void)
+{
+    int nodes[64], count = 0;
+    CHECK(pinmem_numa_nodes(nodes, 64, &count) == PINMEM_OK && count >= 1, "nodes");
+    pinmem_alloc_params p = params(8 * MIB);
+    p.numa_node = nodes[0];
+    pinmem_region r;
+    CHECK(pinmem_alloc(&p, &r) == PINMEM_OK, "numa alloc");
+    CHECK(r.numa_node == nodes[0], "node");
+    pinmem_free(r.addr);
+    pinmem_option_set(PINMEM_OPT_FAKE_MBIND_EPERM, 1);
+    CHECK(pinmem_alloc(&p, &r) == PINMEM_OK && r.numa_bound == 0, "mbind refused falls back");
+    CHECK(resident(&r) == r.mapped_size, "still populated");
+    pinmem_free(r.addr);
+    pinmem_option_set(PINMEM_OPT_FAKE_MBIND_EPERM, 0);
+    p.numa_node = 999;
+    CHECK(pinmem_alloc(&p, &r) == PINMEM_ENUMA_NODE, "missing node");
+    CHECK(strstr(pinmem_last_detail(), "999") != NULL, "names node");
+    CHECK(strstr(pinmem_last_detail(), "this machine has") != NULL, "names real nodes");
+    int cpu = -1, node = -1;
+    CHECK(pinmem_current_cpu(&cpu, &node) == PINMEM_OK && cpu >= 0 && node >= 0, "getcpu");
+}
+
+static void test_shm(void)
+{
+    char name[64];
+    snprintf(name, sizeof name, "/pinmem-test-%d", (int)getpid());
+    pinmem_shm_unlink(name);
+    CHECK(pinmem_shm_name_check("noslash") == PINMEM_ESHM_NAME, "no slash");
+    CHECK(pinmem_shm_name_check("/a/b") == PINMEM_ESHM_NAME, "inner slash");
+    CHECK(pinmem_shm_name_check("/") == PINMEM_ESHM_NAME, "empty");
+    char longname[300];
+    memset(longname, 'x', sizeof longname);
+    longname[0] = '/';
+    longname[299] = '\0';
+    CHECK(pinmem_shm_name_check(longname) == PINMEM_ESHM_NAME, "too long");
+    CHECK(strstr(pinmem_last_detail(), "NAME_MAX") != NULL, "names the limit");
+
+    pinmem_alloc_params p = params(5 * MIB + 7);
+    p.shm_name = name;
+    pinmem_region r;
+    int rc = pinmem_alloc(&p, &r);
+    CHECK(rc == PINMEM_OK, "shm create rc %d", rc);
+    if (rc != PINMEM_OK)
+        return;
+    CHECK(r.kind == PINMEM_KIND_SHM && r.shm_owner == 1, "kind/owner");
+    CHECK(resident(&r) == r.mapped_size, "resident");
+    pinmem_region dup;
+    CHECK(pinmem_alloc(&p, &dup) == PINMEM_ESHM_EXISTS, "exists");
+    size_t segsize = 0;
+    CHECK(pinmem_shm_size(name, &segsize) == PINMEM_OK && segsize == r.mapped_size, "size");
+    memcpy(r.addr, "hello from parent", 18);
+
+    fflush(stdout);
+    pid_t child = fork();
+    if (child == 0) {
+        pinmem_region a;
+        if (pinmem_shm_attach(name, 0, PINMEM_PIN_NONE, 0, &a) != PINMEM_OK)
+            _exit(2);
+        if (a.shm_owner != 0 || a.size != segsize)
+            _exit(3);
+        if (memcmp(a.addr, "hello from parent", 18) != 0)
+            _exit(4);
+        memcpy((char *)a.addr + MIB, "answer", 7);
+        if (pinmem_free(a.addr) != PINMEM_OK)
+            _exit(5);
+        _exit(0);
+    }
+    int status = 0;
+    waitpid(child, &status, 0);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child status %d", status);
+    CHECK(memcmp((char *)r.addr + MIB, "answer", 7) == 0, "child's answer");
+
+    /* A forked child that frees the inherited creator's mapping leaves the
+     * name (and the parent's mapping) alone. */
+    fflush(stdout);
+    child = fork();
+    if (child == 0) {
+        int gone = -1;
+        if (pinmem_shm_release_name(r.addr, &gone) != PINMEM_OK || gone != 0)
+            _exit(6);
+        _exit(pinmem_free(r.addr) == PINMEM_OK ? 0 : 7);
+    }
+    waitpid(child, &status, 0);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "forked free status %d", status);
+    CHECK(pinmem_shm_size(name, &segsize) == PINMEM_OK, "name kept after the child's free");
+    CHECK(memcmp(r.addr, "hello from parent", 18) == 0, "parent mapping intact");
+
+    pinmem_region a;
+    CHECK(pinmem_shm_attach(name, segsize + 1, PINMEM_PIN_NONE, 0, &a) == PINMEM_EINVAL,
+          "attach too big");
+    CHECK(pinmem_shm_attach(name, 4096, PINMEM_PIN_NONE, 1, &a) == PINMEM_OK, "attach part");
+    CHECK(memcmp(a.addr, "hello from parent", 18) == 0, "populate kept contents");
+    pinmem_free(a.addr);
+
+    p.flags = PINMEM_SHM_REUSE;
+    pinmem_region r2;
+    CHECK(pinmem_alloc(&p, &r2) == PINMEM_OK, "reuse replaces");
+    CHECK(((char *)r2.addr)[0] == 0, "fresh segment");
+    /* The first creator's free must not unlink the second one's name. */
+    CHECK(pinmem_free(r.addr) == PINMEM_OK, "free first");
+    CHECK(pinmem_shm_size(name, &segsize) == PINMEM_OK, "name survives");
+    int unlinked = 0;
+    CHECK(pinmem_shm_release_name(r2.addr, &unlinked) == PINMEM_OK && unlinked == 1, "release");
+    CHECK(pinmem_shm_size(name, &segsize) == PINMEM_ESHM_NOT_FOUND, "name gone");
+    CHECK(pinmem_free(r2.addr) == PINMEM_OK, "free second");
+    CHECK(pinmem_shm_attach(name, 0, PINMEM_PIN_NONE, 0, &a) == PINMEM_ESHM_NOT_FOUND, "gone");
+    CHECK(pinmem_shm_unlink(name) == PINMEM_ESHM_NOT_FOUND, "unlink missing");
+}
+
+static void test_probe(void)
+{
+    pinmem_caps c;
+    CHECK(pinmem_probe(&c) == PINMEM_OK, "probe");
+    CHECK(c.cpu_count >= 1 && c.cpu_affinity >= 1, "cpus");
+    CHECK(c.page_size >= 4096, "page");
+    CHECK(c.numa_node_count >= 1, "numa");
+    CHECK(c.default_populate_threads >= 1 && c.default_populate_threads <= 16, "threads");
+    CHECK(c.mem_total > 0, "ram");
+}
+
+static void *churn(void *arg)
+{
+    (void)arg;
+    for (int i = 0; i < 50; i++) {
+        pinmem_alloc_params p = params(MIB);
+        p.threads = 1;
+        pinmem_region r;
+        if (pinmem_alloc(&p, &r) != PINMEM_OK)
+            return (void *)1;
+        if (pinmem_free(r.addr) != PINMEM_OK)
+            return (void *)2;
+    }
+    return NULL;
+}
+
+typedef struct race_arg {
+    void *addr;
+    pthread_barrier_t *barrier;
+    int rc;
+} race_arg;
+
+static void *race_free(void *arg)
+{
+    race_arg *a = arg;
+    pthread_barrier_wait(a->barrier);
+    a->rc = pinmem_free(a->addr);
+    return NULL;
+}
+
+static void test_threads(void)
+{
+    size_t before = live_count();
+    pthread_t t[4];
+    for (int i = 0; i < 4; i++)
+        pthread_create(&t[i], NULL, churn, NULL);
+    for (int i = 0; i < 4; i++) {
+        void *res = NULL;
+        pthread_join(t[i], &res);
+        CHECK(res == NULL, "churn thread %d: %p", i, res);
+    }
+    CHECK(live_count() == before, "no leak");
+    for (int round = 0; round < 20; round++) {
+        pinmem_alloc_params p = params(MIB);
+        pinmem_region r;
+        pinmem_alloc(&p, &r);
+        pthread_barrier_t b;
+        pthread_barrier_init(&b, NULL, 4);
+        race_arg args[4];
+        for (int i = 0; i < 4; i++) {
+            args[i] = (race_arg){r.addr, &b, -1};
+            pthread_create(&t[i], NULL, race_free, &args[i]);
+        }
+        int ok = 0, unknown = 0;
+        for (int i = 0; i < 4; i++) {
+            pthread_join(t[i], NULL);
+            ok += args[i].rc == PINMEM_OK;
+            unknown += args[i].rc == PINMEM_EUNKNOWN_PTR;
+        }
+        pthread_barrier_destroy(&b);
+        CHECK(ok == 1 && unknown == 3, "concurrent frees: %d ok, %d unknown", ok, unknown);
+    }
+}
+
+static void test_fork_child_free(void)
+{
+    pinmem_alloc_params p = params(4 * MIB);
+    p.pin = PINMEM_PIN_MLOCK;
+    pinmem_region r;
+    if (pinmem_alloc(&p, &r) != PINMEM_OK) {
+        printf("skip fork test: mlock refused\n");
+        return;
+    }
+    fflush(stdout);
+    pid_t child = fork();
+    if (child == 0) {
+        /* Not inherited (MADV_DONTFORK): freeing forgets it, touches nothing. */
+        _exit(pinmem_free(r.addr) == PINMEM_OK ? 0 : 1);
+    }
+    int status = 0;
+    waitpid(child, &status, 0);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child free %d", status);
+    CHECK(pattern_ok(&r), "parent memory intact");
+    CHECK(pinmem_free(r.addr) == PINMEM_OK, "parent free");
+}
+
+typedef void (*stats_fn)(int *, int *, int *, int *, size_t *);
+
+static void test_cuda(const char *fake)
+{
+    pinmem_region r;
+    pinmem_alloc_params p = params(MIB);
+    /* No runtime at all. */
+    CHECK(pinmem_cuda_reload("") == PINMEM_OK, "disable");
+    p.pin = PINMEM_PIN_CUDA_REGISTER;
+    CHECK(pinmem_alloc(&p, &r) == PINMEM_ENO_CUDA, "no cuda");
+    CHECK(pinmem_cuda_reload("/nonexistent/libcudart.so") == PINMEM_OK, "bad path");
+    CHECK(pinmem_alloc(&p, &r) == PINMEM_ENO_CUDA, "bad path -> no cuda");
+    CHECK(strstr(pinmem_last_detail(), "/nonexistent/libcudart.so") != NULL, "names path");
+    if (fake == NULL) {
+        printf("skip fake CUDA: no path given\n");
+        pinmem_cuda_reload(NULL);
+        return;
+    }
+    void *h = dlopen(fake, RTLD_NOW);
+    CHECK(h != NULL, "dlopen fake %s", dlerror());
+    if (h == NULL)
+        return;
+    stats_fn stats = (stats_fn)dlsym(h, "fake_cuda_stats");
+    void (*reset)(void) = (void (*)(void))dlsym(h, "fake_cuda_reset");
+    CHECK(pinmem_cuda_reload(fake) == PINMEM_OK, "load fake");
+    pinmem_caps c;
+    pinmem_probe(&c);
+    CHECK(c.cuda_loaded && c.cuda_device_count == 1, "fake device");
+    CHECK(strstr(c.cuda_runtime_path, "fake") != NULL, "path %s", c.cuda_runtime_path);
+
+    int lr, la, regs, unregs;
+    size_t largest;
+    pinmem_option_set(PINMEM_OPT_REGISTER_CHUNK, (int64_t)4 * MIB);
+    reset();
+    p = params(10 * MIB);
+    p.pin = PINMEM_PIN_CUDA_REGISTER;
+    CHECK(pinmem_alloc(&p, &r) == PINMEM_OK, "register");
+    CHECK(r.pinned == PINMEM_PINNED_CUDA_REGISTER && r.register_chunks == 3, "chunks %d",
+          r.register_chunks);
+    stats(&lr, &la, &regs, &unregs, &largest);
+    CHECK(lr == 3 && regs == 3 && largest == 4 * MIB, "books %d %d %zu", lr, regs, largest);
+    CHECK(pinmem_cuda_reload(NULL) == PINMEM_EBUSY, "reload refused while live");
+    CHECK(pinmem_free(r.addr) == PINMEM_OK, "free");
+    stats(&lr, &la, &regs, &unregs, &largest);
+    CHECK(lr == 0 && unregs == 3, "unregistered %d live %d", unregs, lr);
+
+    /* The third chunk fails: the first two are rolled back. */
+    reset();
+    setenv("KVPOOL_FAKE_CUDA_FAIL_REGISTER_N", "3", 1);
+    size_t before = live_count();
+    int rc = pinmem_alloc(&p, &r);
+    unsetenv("KVPOOL_FAKE_CUDA_FAIL_REGISTER_N");
+    CHECK(rc == PINMEM_ENOMEM, "chunk failure rc %d", rc);
+    CHECK(strstr(pinmem_last_detail(), "chunk 3 of 3") != NULL, "detail names chunk");
+    stats(&lr, &la, &regs, &unregs, &largest);
+    CHECK(lr == 0 && unregs == 2, "rolled back: live %d unregs %d", lr, unregs);
+    CHECK(live_count() == before, "nothing registered");
+
+    /* cudaHostAlloc below the threshold, register at or above it. */
+    p = params(3 * MIB);
+    p.pin = PINMEM_PIN_AUTO;
+    CHECK(pinmem_alloc(&p, &r) == PINMEM_OK, "auto");
+    CHECK(r.kind == PINMEM_KIND_CUDA_HOST && r.pinned == PINMEM_PINNED_CUDA_ALLOC, "cuda host");
+    stats(&lr, &la, &regs, &unregs, &largest);
+    CHECK(la == 1, "one host alloc");
+    CHECK(pinmem_free(r.addr) == PINMEM_OK, "free host");
+    CHECK(pinmem_free(r.addr) == PINMEM_EUNKNOWN_PTR, "double free host");
+    stats(&lr, &la, &regs, &unregs, &largest);
+    CHECK(la == 0, "host freed");
+    pinmem_option_set(PINMEM_OPT_REGISTER_THRESHOLD, (int64_t)2 * MIB);
+    p.pin = PINMEM_PIN_CUDA_ALLOC;
+    CHECK(pinmem_alloc(&p, &r) == PINMEM_OK, "cuda-alloc above threshold");
+    CHECK(r.pinned == PINMEM_PINNED_CUDA_REGISTER && r.kind == PINMEM_KIND_ANONYMOUS,
+          "became register: %d", r.pinned);
+    pinmem_free(r.addr);
+    pinmem_option_set(PINMEM_OPT_REGISTER_THRESHOLD, (int64_t)512 << 30);
+    pinmem_option_set(PINMEM_OPT_REGISTER_CHUNK, (int64_t)64 << 30);
+
+    setenv("KVPOOL_FAKE_CUDA_DEVICES", "0", 1);
+    CHECK(pinmem_cuda_reload(fake) == PINMEM_OK, "reload");
+    unsetenv("KVPOOL_FAKE_CUDA_DEVICES");
+    p.pin = PINMEM_PIN_AUTO;
+    CHECK(pinmem_alloc(&p, &r) == PINMEM_OK && r.pinned != PINMEM_PINNED_CUDA_ALLOC &&
+              r.pinned != PINMEM_PINNED_CUDA_REGISTER,
+          "no device -> no CUDA pinning");
+    pinmem_free(r.addr);
+    pinmem_cuda_reload(NULL);
+}
+
+int main(int argc, char **argv)
+{
+    const char *fake = argc > 1 ? argv[1] : getenv("PINMEM_TEST_FAKE_CUDART");
+    /* Keep the tests off any real GPU: start without CUDA. */
+    pinmem_cuda_reload("");
+    test_basics();
+    test_bad_input();
+    test_anonymous();
+    test_first_touch();
+    test_mlock();
+    test_hugepages();
+    test_thp();
+    test_numa();
+    test_shm();
+    test_probe();
+    test_threads();
+    test_fork_child_free();
+    test_cuda(fake);
+    CHECK(live_count() == 0, "live mappings left: %zu", live_count());
+    printf("%d checks, %d failed\n", checks, failures);
+    return failures ? 1 : 0;
+}

@@ -1,0 +1,86 @@
+"""Build hook: compile libpinmem and generate its cffi module during builds.
+
+Everything declarative lives in pyproject.toml.  This file only adds:
+
+* ``build_py`` that runs :mod:`build` (``build.py`` at the repository root)
+  so ``pip install .`` from a clean clone compiles ``libpinmem.so`` and
+  writes ``_pinmem_ffi.py`` into the package (into the source tree for
+  editable installs, into the build directory otherwise);
+* a platform-specific wheel (it carries a .so) tagged ``py3-none-<platform>``:
+  the library is loaded with cffi's ABI mode, so it does not depend on the
+  Python version.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+from setuptools.dist import Distribution
+
+try:
+    from setuptools.command.bdist_wheel import bdist_wheel
+except ImportError:  # setuptools < 70
+    from wheel.bdist_wheel import bdist_wheel  # type: ignore[no-redef]
+
+ROOT = Path(__file__).resolve().parent
+
+
+def _native_build():
+    spec = importlib.util.spec_from_file_location("kvpool_native_build", ROOT / "build.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class BuildPyWithNative(build_py):
+    """build_py, then libpinmem.so and _pinmem_ffi.py into the package."""
+
+    def run(self) -> None:
+        super().run()
+        native = _native_build()
+        if getattr(self, "editable_mode", False):
+            out = ROOT / "kvpool"
+        else:
+            out = Path(self.build_lib) / "kvpool"
+        build_dir = Path(self.build_lib).parent / "libpinmem-objects"
+        if getattr(self, "editable_mode", False):
+            build_dir = ROOT / "libpinmem" / "build"
+        native.build(out, build_dir, verbose=bool(self.verbose))
+
+    def get_outputs(self, include_bytecode: bool = True) -> list[str]:
+        outputs = list(super().get_outputs(include_bytecode))
+        if not getattr(self, "editable_mode", False):
+            for name in ("libpinmem.so", "_pinmem_ffi.py"):
+                path = os.path.join(self.build_lib, "kvpool", name)
+                if path not in outputs:
+                    outputs.append(path)
+        return outputs
+
+
+class BinaryDistribution(Distribution):
+    """A distribution that carries a compiled library."""
+
+    def has_ext_modules(self) -> bool:
+        return True
+
+
+class PlatformWheel(bdist_wheel):
+    """py3-none-<platform>: any Python 3, this platform only."""
+
+    def finalize_options(self) -> None:
+        super().finalize_options()
+        self.root_is_pure = False
+
+    def get_tag(self) -> tuple[str, str, str]:
+        _, _, platform = super().get_tag()
+        return "py3", "none", platform
+
+
+setup(
+    distclass=BinaryDistribution,
+    cmdclass={"build_py": BuildPyWithNative, "bdist_wheel": PlatformWheel},
+)

@@ -1,0 +1,158 @@
+"""Fixtures for the native-layer tests (libpinmem, kvpool.host, kvpool.system).
+
+* Every test here starts with CUDA switched off (``cuda_reload("")``) so
+  results do not depend on the machine; GPU tests switch it back on, and
+  the fake-CUDA tests load the fake runtime.  Discovery is restored after.
+* ``options`` restores every libpinmem option a test changed.
+* ``hugepages`` makes sure some 2 MiB pages are free, reserving them as
+  root if needed (and restoring the pool size afterwards), or skips with
+  the reason.
+* ``fake_cudart`` is the path of the test-only CUDA runtime, built if
+  missing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kvpool import _native
+
+ROOT = Path(__file__).resolve().parents[2]
+NR_HUGEPAGES = Path("/proc/sys/vm/nr_hugepages")
+HUGEPAGES_WANTED = 16
+
+
+@pytest.fixture(autouse=True)
+def _no_cuda_by_default(request: pytest.FixtureRequest) -> Iterator[None]:
+    if request.node.get_closest_marker("gpu") is None:
+        _native.cuda_reload("")
+    yield
+    # Back to discovery, so tests elsewhere see the machine as it is (the
+    # reload is refused, and skipped, while CUDA mappings are still live).
+    with contextlib.suppress(Exception):
+        _native.cuda_reload(None)
+
+
+@pytest.fixture
+def options() -> Iterator[None]:
+    """Restore every libpinmem option after the test."""
+    saved = {name: _native.option_get(name) for name in _native.OPTIONS}
+    yield
+    for name, value in saved.items():
+        _native.option_set(name, value)
+
+
+def _pool() -> tuple[int, int] | None:
+    try:
+        return _native.hugepages_2m()
+    except Exception:
+        return None
+
+
+@pytest.fixture(scope="session")
+def hugepages() -> Iterator[int]:
+    """Yield the number of free 2 MiB pages (>= 16), reserving them as root."""
+    pool = _pool()
+    if pool is None:
+        pytest.skip("this kernel has no 2 MiB hugepage pool")
+    total, available = pool
+    if available >= HUGEPAGES_WANTED:
+        yield available
+        return
+    if os.geteuid() != 0:
+        pytest.skip(
+            f"only {available} free 2 MiB hugepages and not root to reserve more "
+            f"(echo {total + HUGEPAGES_WANTED} | sudo tee {NR_HUGEPAGES})"
+        )
+    old = int(NR_HUGEPAGES.read_text())
+    try:
+        NR_HUGEPAGES.write_text(str(old + HUGEPAGES_WANTED - available))
+    except OSError as exc:
+        pytest.skip(f"could not reserve 2 MiB hugepages: {exc}")
+    try:
+        pool = _pool()
+        if pool is None or pool[1] < HUGEPAGES_WANTED:
+            pytest.skip(f"reserved hugepages but only {pool} are free (memory fragmented?)")
+        yield pool[1]
+    finally:
+        NR_HUGEPAGES.write_text(str(old))
+
+
+@pytest.fixture(scope="session")
+def fake_cudart(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Path of the fake libcudart (libpinmem/tests/fake_cudart.c), built if missing."""
+    built = ROOT / "libpinmem" / "build" / "libfakecudart.so"
+    source = ROOT / "libpinmem" / "tests" / "fake_cudart.c"
+    if built.exists() and built.stat().st_mtime >= source.stat().st_mtime:
+        return built
+    cc = os.environ.get("CC", "cc")
+    if shutil.which(cc) is None:
+        pytest.skip(f"the fake CUDA runtime is not built and there is no C compiler ({cc})")
+    out = tmp_path_factory.mktemp("fakecuda") / "libfakecudart.so"
+    cmd = [cc, "-O2", "-Wall", "-fPIC", "-shared", "-pthread", "-o", str(out), str(source)]
+    subprocess.run(cmd, check=True)
+    return out
+
+
+@pytest.fixture(scope="session")
+def child_env() -> dict[str, str]:
+    """Environment for a child Python that must import this same kvpool."""
+    import kvpool.host
+
+    env = dict(os.environ)
+    package_parent = str(Path(kvpool.host.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
+    env["KVPOOL_CUDART"] = ""
+    return env
+
+
+@pytest.fixture(scope="session")
+def python() -> str:
+    """The interpreter running the tests (children use the same one)."""
+    return sys.executable
+
+
+class Smaps:
+    """Reads /proc/self/smaps and /proc/self/maps for a range of addresses."""
+
+    @staticmethod
+    def fields(address: int, length: int) -> dict[str, int]:
+        """Sum the kB fields (as bytes) of every VMA inside [address, address+length)."""
+        totals: dict[str, int] = {}
+        inside = False
+        end = address + length
+        with open("/proc/self/smaps") as f:
+            for line in f:
+                head = line.split(None, 1)[0]
+                if "-" in head and not head.endswith(":"):
+                    lo, hi = (int(x, 16) for x in head.split("-"))
+                    inside = lo >= address and hi <= end
+                    continue
+                if inside and line.rstrip().endswith(" kB"):
+                    key, value = line.split(":", 1)
+                    totals[key] = totals.get(key, 0) + int(value.split()[0]) * 1024
+        return totals
+
+    @staticmethod
+    def mapped(address: int) -> bool:
+        """True when some VMA covers address."""
+        with open("/proc/self/maps") as f:
+            for line in f:
+                lo, hi = (int(x, 16) for x in line.split(None, 1)[0].split("-"))
+                if lo <= address < hi:
+                    return True
+        return False
+
+
+@pytest.fixture
+def smaps() -> type[Smaps]:
+    """The /proc/self/smaps reader."""
+    return Smaps
