@@ -27,7 +27,8 @@ from kvpool.extent import TensorMemoryAllocator
 from kvpool.formats import MemoryFormat, get_size_bytes
 from kvpool.interface import MemoryAllocatorInterface, PoolStats
 from kvpool.misuse import set_strict_mode, strict_mode
-from kvpool.monitor import PinMonitor
+from kvpool.monitor import PinMonitor, PinnedReport, StatsMonitor
+from kvpool.numa import NUMAMapping
 from kvpool.objects import (
     BytesBufferMemoryObj,
     GDSMemoryObject,
@@ -39,35 +40,101 @@ from kvpool.paged import PagedAddressManager, PagedTensorMemoryAllocator
 
 __version__ = "0.1.0"
 
+# Names whose modules load libpinmem: imported on first use, so that the
+# core (placement, objects) works even where the native layer is not built.
+_NATIVE_NAMES = {
+    "AdHocMemoryAllocator": "kvpool.allocators",
+    "CuFileMemoryAllocator": "kvpool.allocators",
+    "GPUMemoryAllocator": "kvpool.allocators",
+    "HipFileMemoryAllocator": "kvpool.allocators",
+    "HostMemoryAllocator": "kvpool.allocators",
+    "MixedMemoryAllocator": "kvpool.allocators",
+    "PagedCpuGpuMemoryAllocator": "kvpool.allocators",
+    "PinMemoryAllocator": "kvpool.allocators",
+    "XPUMemoryAllocator": "kvpool.allocators",
+    "_allocate_cpu_memory": "kvpool.allocators",
+    "_free_cpu_memory": "kvpool.allocators",
+    "_read_hugepage_info": "kvpool.allocators",
+    "attach_pool": "kvpool.allocators",
+    "BufferAllocator": "kvpool.pools",
+    "MemoryPool": "kvpool.pools",
+    "LazyMemoryAllocator": "kvpool.lazy",
+    "HostBuffer": "kvpool.host",
+    "allocate_host": "kvpool.host",
+    "attach_shm": "kvpool.host",
+    "unlink_shm": "kvpool.host",
+    "capabilities": "kvpool.system",
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _NATIVE_NAMES.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kvpool' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_NATIVE_NAMES))
+
+
 __all__ = [
+    "AdHocMemoryAllocator",
     "AddressManager",
     "AddressSpaceExhaustedError",
+    "BufferAllocator",
     "BytesBufferMemoryObj",
+    "CuFileMemoryAllocator",
     "FeatureUnavailableError",
     "FreeBlock",
     "GDSMemoryObject",
+    "GPUMemoryAllocator",
+    "HipFileMemoryAllocator",
+    "HostBuffer",
+    "HostMemoryAllocator",
     "HugePagesExhaustedError",
     "InvalidArgumentError",
     "InvalidHandleError",
     "KVPoolError",
+    "LazyMemoryAllocator",
     "MemoryAllocatorInterface",
     "MemoryFormat",
     "MemoryObj",
     "MemoryObjMetadata",
+    "MemoryPool",
+    "MixedMemoryAllocator",
+    "NUMAMapping",
     "NativeError",
     "NumaNodeError",
     "OutOfMemoryError",
     "PagedAddressManager",
+    "PagedCpuGpuMemoryAllocator",
     "PagedTensorMemoryAllocator",
+    "PinMemoryAllocator",
     "PinMonitor",
+    "PinnedReport",
     "PoolClosedError",
     "PoolStats",
     "RefCountError",
     "SharedMemoryExistsError",
     "SharedMemoryNotFoundError",
+    "StatsMonitor",
     "TensorMemoryAllocator",
     "TensorMemoryObj",
+    "XPUMemoryAllocator",
+    "_allocate_cpu_memory",
+    "_free_cpu_memory",
+    "_read_hugepage_info",
+    "allocate_host",
+    "attach_pool",
+    "attach_shm",
+    "capabilities",
     "get_size_bytes",
     "set_strict_mode",
     "strict_mode",
+    "unlink_shm",
 ]

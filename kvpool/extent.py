@@ -296,6 +296,9 @@ class TensorMemoryAllocator(MemoryAllocatorInterface):
     def _release_locked(self, obj: TensorMemoryObj) -> None:
         """Give ``obj``'s range back; the caller holds the lock and checked it is live."""
         obj.valid = False
+        # A freed handle no longer holds the pool's memory alive.
+        obj._mv = None
+        obj._raw = None
         off = obj._off
         del self._objs[off]
         self._am_free(off, obj._phy)
@@ -377,6 +380,8 @@ class TensorMemoryAllocator(MemoryAllocatorInterface):
                     )
                     continue
                 obj.valid = False  # type: ignore[attr-defined]
+                obj._mv = None  # type: ignore[attr-defined]
+                obj._raw = None  # type: ignore[attr-defined]
                 if check_pins and self._unpinned_by_free(obj):  # type: ignore[arg-type]
                     unpinned.append(obj)  # type: ignore[arg-type]
                 off = obj._off  # type: ignore[attr-defined]
@@ -420,8 +425,9 @@ class TensorMemoryAllocator(MemoryAllocatorInterface):
     def close(self) -> None:
         """Invalidate every live object and refuse further allocations.
 
-        Idempotent.  The buffer itself belongs to the caller (or to the
-        pool that built this allocator), which releases it.
+        Idempotent.  The allocator and its objects drop their references to
+        the buffer, so the memory can go once the caller (or the pool that
+        built this allocator) releases it; views made earlier keep it alive.
         """
         lock = self._lock
         lock.acquire()
@@ -431,6 +437,11 @@ class TensorMemoryAllocator(MemoryAllocatorInterface):
             self._closed = True
             for obj in self._objs.values():
                 obj.valid = False
+                obj._mv = None
+                obj._raw = None
+            self.buffer = self.buffer[:0]
+            self._mv = None
+            self._arena = None  # type: ignore[assignment]
         finally:
             lock.release()
 
@@ -462,9 +473,9 @@ class TensorMemoryAllocator(MemoryAllocatorInterface):
             problems.append(f"{len(live)} live ranges but {len(self._objs)} live objects")
         pinned = 0
         for off, obj in self._objs.items():
-            if live.get(off) != obj._phy or obj._off != off or not obj.valid:
+            if live.get(off) != obj._phy or obj._off != off or obj.valid == self._closed:
                 problems.append(f"object {obj!r} disagrees with the live range at {off}")
-            if off + obj._phy > self.buffer.numel():
+            if not self._closed and off + obj._phy > self.buffer.numel():
                 problems.append(f"object {obj!r} runs past the end of the buffer")
             pinned += obj._meta.pin_count > 0
         if pinned != self._pinned:

@@ -38,6 +38,7 @@ from kvpool.errors import (
     FeatureUnavailableError,
     InvalidArgumentError,
     InvalidHandleError,
+    PoolClosedError,
     RefCountError,
 )
 from kvpool.formats import MemoryFormat, get_size_bytes
@@ -283,6 +284,15 @@ class MemoryObj(metaclass=abc.ABCMeta):
     @abc.abstractmethod
     def parent(self) -> MemoryAllocatorInterface | None:
         """The allocator the object came from."""
+
+
+def _dead_view(obj: TensorMemoryObj, what: str) -> InvalidHandleError:
+    pool = obj._pool
+    if pool is not None and pool._closed:
+        return PoolClosedError(f"{what} of {obj!r}: its pool was closed")
+    return InvalidHandleError(
+        f"{what} of a freed memory object {obj!r}; its memory may belong to another object now"
+    )
 
 
 def _dead(obj: TensorMemoryObj, action: str) -> None:
@@ -596,12 +606,13 @@ class TensorMemoryObj(MemoryObj):
     def raw_data(self) -> torch.Tensor:
         """The object's bytes as a flat ``uint8`` tensor (its layout size)."""
         raw = self._raw
-        if raw is None:
-            if self._pool is None:
-                raise InvalidHandleError(f"{self!r} has no data")
-            off = self._off
-            raw = self._pool.buffer[off : off + self._nbytes]
-            self._raw = raw
+        if raw is not None and (self.valid or self._pool is None):
+            return raw
+        if not self.valid:
+            raise _dead_view(self, "raw_data")
+        off = self._off
+        raw = self._pool.buffer[off : off + self._nbytes]
+        self._raw = raw
         return raw
 
     @raw_data.setter
@@ -686,7 +697,7 @@ class TensorMemoryObj(MemoryObj):
 
     def _byte_array_slow(self) -> memoryview:
         if not self.valid:
-            raise InvalidHandleError(f"byte_array of a freed memory object {self!r}")
+            raise _dead_view(self, "byte_array")
         raw = self.raw_data
         if raw.device.type != "cpu":
             raise FeatureUnavailableError(
@@ -709,7 +720,7 @@ class TensorMemoryObj(MemoryObj):
             InvalidHandleError: the object was freed.
         """
         if not self.valid:
-            raise InvalidHandleError(f"data_ptr of a freed memory object {self!r}")
+            raise _dead_view(self, "data_ptr")
         pool = self._pool
         if pool is not None and self._mv is not None:
             return pool.base_address + self._off

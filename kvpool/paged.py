@@ -479,6 +479,13 @@ class PagedTensorMemoryAllocator(MemoryAllocatorInterface):
             for obj in self._handles:
                 if obj is not None:
                     obj.valid = False
+                    obj._mv = None
+                    obj._raw = None
+            self._handles = [None] * self._num_pages
+            self.buffer = self.buffer[:0]
+            self._mv = None
+            self._paged_buffers = None
+            self._arena = None  # type: ignore[assignment]
         finally:
             lock.release()
 

@@ -1,0 +1,622 @@
+"""The reference API's allocator classes, as named constructions of one pool.
+
+Each class here only chooses a backing and a policy for
+:class:`~kvpool.pools.MemoryPool`; none re-implements allocation, locking
+or freeing.
+
+=========================  ==============================================
+class                      backing
+=========================  ==============================================
+HostMemoryAllocator        pageable host memory (libpinmem, not pinned)
+PinMemoryAllocator         pinned host memory
+MixedMemoryAllocator       pinned host memory, optionally NUMA-bound,
+                           hugepage or shared; plus byte buffers for
+                           ``BINARY_BUFFER``
+GPUMemoryAllocator         ``torch.empty`` on a CUDA device (CPU fallback)
+XPUMemoryAllocator         ``torch.empty`` on an XPU device
+CuFile/HipFileMemoryAllocator  GPU memory registered with cuFile/hipFile
+=========================  ==============================================
+
+Every class takes ``use_paging=True`` plus ``shapes``, ``dtypes`` and
+``fmt`` for a paged policy, the extent policy otherwise.  Also here:
+:class:`AdHocMemoryAllocator`, :class:`PagedCpuGpuMemoryAllocator` and
+the helpers ``_allocate_cpu_memory`` / ``_free_cpu_memory``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import threading
+from typing import Any
+
+import torch
+
+from kvpool.address import AddressManager
+from kvpool.backing import Backing, HostBacking, TorchBacking, default_hugepages
+from kvpool.errors import (
+    FeatureUnavailableError,
+    InvalidArgumentError,
+    InvalidHandleError,
+)
+from kvpool.formats import MemoryFormat, normalize_layout
+from kvpool.interface import MemoryAllocatorInterface
+from kvpool.numa import NUMAMapping, resolve_numa_node
+from kvpool.objects import MemoryObj, MemoryObjMetadata, TensorMemoryObj
+from kvpool.paged import PagedTensorMemoryAllocator
+from kvpool.pools import TENSOR_FORMATS, MemoryPool, build_policy
+from kvpool.system import read_hugepage_info
+
+__all__ = [
+    "AdHocMemoryAllocator",
+    "CuFileMemoryAllocator",
+    "GPUMemoryAllocator",
+    "HipFileMemoryAllocator",
+    "HostMemoryAllocator",
+    "MixedMemoryAllocator",
+    "PagedCpuGpuMemoryAllocator",
+    "PinMemoryAllocator",
+    "XPUMemoryAllocator",
+    "_allocate_cpu_memory",
+    "_free_cpu_memory",
+    "_read_hugepage_info",
+]
+
+
+def _paging(use_paging: bool, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The policy arguments taken from a constructor's keyword arguments."""
+    if not use_paging:
+        return {}
+    return {
+        "shapes": kwargs.get("shapes"),
+        "dtypes": kwargs.get("dtypes"),
+        "fmt": kwargs.get("fmt"),
+    }
+
+
+def _check_size(size: object) -> int:
+    if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+        raise InvalidArgumentError(f"size must be a positive number of bytes, got {size!r}")
+    return size
+
+
+class HostMemoryAllocator(MemoryPool):
+    """A pool in pageable (not pinned) host memory.
+
+    Args:
+        size: bytes, > 0.
+        use_paging: paged placement (needs ``shapes``, ``dtypes``, ``fmt``).
+        **kwargs: ``shapes``, ``dtypes``, ``fmt`` for paging;
+            ``align_bytes`` for the extent policy.
+    """
+
+    def __init__(self, size: int, use_paging: bool = False, **kwargs: Any) -> None:
+        backing = HostBacking(_check_size(size), pin="none", hugepages=default_hugepages())
+        try:
+            policy = build_policy(
+                backing,
+                use_paging,
+                align_bytes=kwargs.get("align_bytes", AddressManager.ALIGN_BYTES),
+                **_paging(use_paging, kwargs),
+            )
+        except BaseException:
+            backing.close()
+            raise
+        super().__init__(backing, policy, name="HostMemoryAllocator")
+
+
+class PinMemoryAllocator(MemoryPool):
+    """A pool in pinned host memory (CUDA-pinned, else mlocked when allowed).
+
+    Args:
+        size: bytes, > 0.
+        use_paging: paged placement (needs ``shapes``, ``dtypes``, ``fmt``).
+        **kwargs: ``shapes``, ``dtypes``, ``fmt`` for paging;
+            ``align_bytes`` for the extent policy.
+    """
+
+    def __init__(self, size: int, use_paging: bool = False, **kwargs: Any) -> None:
+        backing = HostBacking(_check_size(size), pin="auto", hugepages=default_hugepages())
+        try:
+            policy = build_policy(
+                backing,
+                use_paging,
+                align_bytes=kwargs.get("align_bytes", AddressManager.ALIGN_BYTES),
+                **_paging(use_paging, kwargs),
+            )
+        except BaseException:
+            backing.close()
+            raise
+        super().__init__(backing, policy, name="PinMemoryAllocator")
+
+
+class MixedMemoryAllocator(MemoryPool):
+    """Pinned host memory for KV formats plus byte buffers for ``BINARY_BUFFER``.
+
+    Args:
+        size: bytes of pinned memory, > 0.
+        use_paging: paged placement (needs ``shapes``, ``dtypes``, ``fmt``).
+        use_hugepages: require 2 MiB hugepages (an actionable error when the
+            pool is short).  Without it the pool still uses hugepages when
+            enough are free (``KVPOOL_HUGEPAGES=never`` turns that off).
+        **kwargs: ``numa_mapping`` (a :class:`NUMAMapping`: bind to the
+            current GPU's node, or the calling CPU's node without GPUs),
+            ``align_bytes`` (a power of two), ``shm_name`` (share the pool
+            with other processes; also read from ``config``'s extra config
+            as in the reference), ``shm_reuse`` (replace a leftover segment),
+            and ``shapes``/``dtypes``/``fmt`` for paging.
+
+    Raises:
+        InvalidArgumentError: bad size, alignment or paging arguments, or
+            hugepages together with shared memory.
+        HugePagesExhaustedError: ``use_hugepages`` and the pool is short.
+        NumaNodeError: the mapping names a node this machine lacks.
+    """
+
+    def __init__(
+        self, size: int, use_paging: bool = False, use_hugepages: bool = False, **kwargs: Any
+    ) -> None:
+        self.numa_mapping: NUMAMapping | None = kwargs.get("numa_mapping")
+        self.align_bytes = kwargs.get("align_bytes", AddressManager.ALIGN_BYTES)
+        config = kwargs.get("config")
+        if config is not None and hasattr(config, "get_extra_config_value"):
+            self.shm_name: str | None = config.get_extra_config_value("shm_name", None)
+        else:
+            self.shm_name = kwargs.get("shm_name")
+        if use_hugepages and self.shm_name:
+            raise InvalidArgumentError(
+                "hugepages are not supported with shared memory (shm_name); "
+                "drop use_hugepages or shm_name"
+            )
+        if use_hugepages:
+            hugepages = "required"
+        elif self.shm_name:
+            hugepages = "never"
+        else:
+            hugepages = default_hugepages()
+        backing = HostBacking(
+            _check_size(size),
+            pin="auto",
+            numa_node=resolve_numa_node(self.numa_mapping),
+            hugepages=hugepages,
+            shm_name=self.shm_name,
+            shm_reuse=bool(kwargs.get("shm_reuse", False)),
+        )
+        try:
+            policy = build_policy(
+                backing, use_paging, align_bytes=self.align_bytes, **_paging(use_paging, kwargs)
+            )
+        except BaseException:
+            backing.close()
+            raise
+        super().__init__(
+            backing,
+            policy,
+            byte_buffers=True,
+            formats=TENSOR_FORMATS,
+            name="MixedMemoryAllocator",
+        )
+
+    @property
+    def pin_allocator(self) -> Any:
+        """The placement policy over the pinned memory (reference name)."""
+        return self.allocator
+
+
+def attach_pool(shm_name: str, size: int | None = None) -> HostBacking:
+    """Map the shared memory of a pool another process created with ``shm_name``.
+
+    Read an object of that pool with its ``shm_offset`` and
+    ``shm_byte_length``: ``backing.view[off:off + length]``.
+
+    Args:
+        shm_name: the pool's ``shm_name``.
+        size: bytes to map (default: the whole segment).
+
+    Returns:
+        A :class:`~kvpool.backing.HostBacking`; close it to detach.
+
+    Raises:
+        SharedMemoryNotFoundError: no pool of that name exists.
+    """
+    return HostBacking.attach(shm_name, size)
+
+
+def _device_backing(size: int, device: str | torch.device) -> TorchBacking:
+    return TorchBacking(_check_size(size), device)
+
+
+class GPUMemoryAllocator(MemoryPool):
+    """A pool in device memory (``torch.empty`` on ``device``).
+
+    Without CUDA the pool falls back to CPU memory, as in the reference.
+
+    Args:
+        size: bytes, > 0.
+        device: the torch device ("cuda", "cuda:1"...).
+        align_bytes: extent alignment (default 4096).
+        use_paging: paged placement (needs ``shapes``, ``dtypes``, ``fmt``).
+    """
+
+    def __init__(
+        self,
+        size: int,
+        device: str = "cuda",
+        align_bytes: int | None = None,
+        use_paging: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        if not torch.cuda.is_available() and str(device).startswith("cuda"):
+            device = "cpu"
+        backing = _device_backing(size, device)
+        policy = build_policy(
+            backing,
+            use_paging,
+            align_bytes=AddressManager.ALIGN_BYTES if align_bytes is None else align_bytes,
+            **_paging(use_paging, kwargs),
+        )
+        super().__init__(backing, policy, name=type(self).__name__)
+
+    @property
+    def tensor(self) -> torch.Tensor:
+        """The device memory (reference name)."""
+        return self.backing.tensor
+
+
+class XPUMemoryAllocator(MemoryPool):
+    """A pool in Intel XPU memory.
+
+    Raises:
+        FeatureUnavailableError: torch has no usable XPU device here.
+    """
+
+    def __init__(
+        self,
+        size: int,
+        device: str = "xpu",
+        align_bytes: int | None = None,
+        use_paging: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        xpu = getattr(torch, "xpu", None)
+        if xpu is None or not xpu.is_available():
+            raise FeatureUnavailableError(
+                "XPUMemoryAllocator needs an Intel XPU and a torch build with XPU support "
+                "(torch.xpu.is_available() is False here)"
+            )
+        backing = _device_backing(size, device)
+        policy = build_policy(
+            backing,
+            use_paging,
+            align_bytes=AddressManager.ALIGN_BYTES if align_bytes is None else align_bytes,
+            **_paging(use_paging, kwargs),
+        )
+        super().__init__(backing, policy, name="XPUMemoryAllocator")
+
+    def close(self) -> None:
+        """Synchronize the XPU, then close (idempotent)."""
+        if not self.closed:
+            torch.xpu.synchronize()
+        super().close()
+
+
+def _import_driver(module: str, names: tuple[str, ...], install: str) -> tuple[Any, ...]:
+    try:
+        mod = importlib.import_module(module)
+        return tuple(getattr(mod, n) for n in names)
+    except (ImportError, AttributeError) as exc:
+        raise FeatureUnavailableError(
+            f"{module} is not available ({exc}); install it with {install} on a machine "
+            "with GPUDirect Storage"
+        ) from None
+
+
+class CuFileMemoryAllocator(GPUMemoryAllocator):
+    """GPU memory registered with cuFile (GPUDirect Storage).
+
+    Raises:
+        FeatureUnavailableError: the ``cufile`` bindings are missing.
+    """
+
+    _driver = (
+        "cufile.bindings",
+        ("cuFileBufRegister", "cuFileBufDeregister"),
+        "pip install cufile-python",
+    )
+
+    def __init__(self, size: int, device: str | None = None) -> None:
+        register, self._deregister = _import_driver(*self._driver)
+        if device is None:
+            device = f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
+        super().__init__(size, device, align_bytes=4096)
+        self.base_pointer = self.backing.tensor.data_ptr()
+        register(ctypes.c_void_p(self.base_pointer), size, flags=0)
+        self._registered = True
+
+    def close(self) -> None:
+        """Deregister the buffer, then close (idempotent)."""
+        if getattr(self, "_registered", False):
+            self._registered = False
+            self._deregister(ctypes.c_void_p(self.base_pointer))
+        super().close()
+
+
+class HipFileMemoryAllocator(CuFileMemoryAllocator):
+    """GPU memory registered with hipFile (ROCm GPUDirect Storage).
+
+    Raises:
+        FeatureUnavailableError: the ``hipfile`` bindings are missing.
+    """
+
+    _driver = (
+        "hipfile.bindings",
+        ("hipFileBufRegister", "hipFileBufDeregister"),
+        "the hipFile Python bindings",
+    )
+
+
+class AdHocMemoryAllocator(MemoryAllocatorInterface):
+    """Objects backed by a fresh tensor each (for tests and small tools).
+
+    Args:
+        device: where the tensors live ("cpu" without CUDA).
+    """
+
+    def __init__(self, device: str = "cpu") -> None:
+        self.device = device if torch.cuda.is_available() else "cpu"
+
+    def allocate(
+        self,
+        shapes: torch.Size | list[torch.Size],
+        dtypes: torch.dtype | list[torch.dtype],
+        fmt: MemoryFormat = MemoryFormat.KV_2LTD,
+        allocator_type: str | None = None,
+    ) -> MemoryObj | None:
+        """An object over a new ``torch.empty`` tensor of the layout's size.
+
+        Raises:
+            InvalidArgumentError: bad layout.
+        """
+        shape_list, dtype_list, nbytes = normalize_layout(shapes, dtypes)
+        meta = MemoryObjMetadata(
+            shape_list[0], dtype_list[0], 0, 0, 1, 0, fmt, None, shape_list, dtype_list
+        )
+        raw = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        return TensorMemoryObj(raw, meta, self)
+
+    def batched_allocate(
+        self,
+        shapes: torch.Size | list[torch.Size],
+        dtypes: torch.dtype | list[torch.dtype],
+        batch_size: int,
+        fmt: MemoryFormat = MemoryFormat.KV_2LTD,
+        allocator_type: str | None = None,
+    ) -> list[MemoryObj] | None:
+        """Not supported, as in the reference."""
+        raise NotImplementedError("batched allocation is not supported by AdHocMemoryAllocator")
+
+    def free(self, memory_obj: MemoryObj, allocator_type: str | None = None) -> None:
+        """Nothing to do: the tensor is garbage-collected."""
+
+    def batched_free(
+        self,
+        memory_objs: list[MemoryObj],
+        allocator_type: str | None = None,
+        update_stats: bool = True,
+    ) -> None:
+        """Nothing to do: the tensors are garbage-collected."""
+
+    def __str__(self) -> str:
+        return "AdHocMemoryAllocator"
+
+
+class PagedCpuGpuMemoryAllocator(MemoryAllocatorInterface):
+    """A paged CPU pool and a paged GPU pool behind one interface.
+
+    Call :meth:`init_cpu_memory_allocator` and/or
+    :meth:`init_gpu_memory_allocator` first; ``allocator_type`` ("cpu" or
+    "gpu") picks the pool.  Frees go to the pool the object came from.
+    """
+
+    def __init__(self) -> None:
+        self.cpu_pool: MemoryPool | None = None
+        self.gpu_pool: MemoryPool | None = None
+
+    def init_gpu_memory_allocator(
+        self,
+        size: int,
+        shapes: list[torch.Size],
+        dtypes: list[torch.dtype],
+        fmt: MemoryFormat = MemoryFormat.KV_2LTD,
+        device: str = "cuda",
+    ) -> None:
+        """Create the GPU pool (CPU memory when CUDA is absent)."""
+        self.gpu_pool = GPUMemoryAllocator(
+            size, device, use_paging=True, shapes=shapes, dtypes=dtypes, fmt=fmt
+        )
+
+    def init_cpu_memory_allocator(
+        self,
+        size: int,
+        shapes: list[torch.Size],
+        dtypes: list[torch.dtype],
+        fmt: MemoryFormat = MemoryFormat.KV_2LTD,
+        numa_mapping: NUMAMapping | None = None,
+    ) -> None:
+        """Create the pinned CPU pool."""
+        self.cpu_pool = MixedMemoryAllocator(
+            size, use_paging=True, shapes=shapes, dtypes=dtypes, fmt=fmt, numa_mapping=numa_mapping
+        )
+
+    @property
+    def gpu_allocator(self) -> PagedTensorMemoryAllocator:
+        """The GPU pool's paged policy (reference name)."""
+        return self._pool("gpu").allocator  # type: ignore[return-value]
+
+    @property
+    def cpu_allocator(self) -> PagedTensorMemoryAllocator:
+        """The CPU pool's paged policy (reference name)."""
+        return self._pool("cpu").allocator  # type: ignore[return-value]
+
+    @property
+    def align_bytes(self) -> int:
+        """Page size of the CPU pool."""
+        return self.cpu_allocator.align_bytes
+
+    def _pool(self, allocator_type: str | None) -> MemoryPool:
+        if allocator_type not in ("cpu", "gpu"):
+            raise InvalidArgumentError(
+                f"allocator_type must be 'cpu' or 'gpu', got {allocator_type!r}"
+            )
+        pool = self.cpu_pool if allocator_type == "cpu" else self.gpu_pool
+        if pool is None:
+            raise InvalidArgumentError(
+                f"the {allocator_type} pool is not set up; call "
+                f"init_{allocator_type}_memory_allocator() first"
+            )
+        return pool
+
+    def _owner(self, obj: MemoryObj, allocator_type: str | None) -> MemoryPool:
+        if allocator_type is not None:
+            self._pool(allocator_type)  # validates the argument
+        for pool in (self.cpu_pool, self.gpu_pool):
+            if pool is not None and getattr(obj, "parent_allocator", None) is pool.allocator:
+                return pool
+        raise InvalidHandleError(f"{obj!r} was not allocated by this PagedCpuGpuMemoryAllocator")
+
+    def allocate(
+        self,
+        shapes: torch.Size | list[torch.Size],
+        dtypes: torch.dtype | list[torch.dtype],
+        fmt: MemoryFormat = MemoryFormat.UNDEFINED,
+        allocator_type: str | None = "cpu",
+    ) -> MemoryObj | None:
+        """Allocate a page from the ``allocator_type`` pool (None when full)."""
+        return self._pool(allocator_type).allocator.allocate(shapes, dtypes, fmt)
+
+    def batched_allocate(
+        self,
+        shapes: torch.Size | list[torch.Size],
+        dtypes: torch.dtype | list[torch.dtype],
+        batch_size: int,
+        fmt: MemoryFormat = MemoryFormat.UNDEFINED,
+        allocator_type: str | None = "gpu",
+    ) -> list[MemoryObj] | None:
+        """Allocate pages from the ``allocator_type`` pool, all or nothing."""
+        return self._pool(allocator_type).allocator.batched_allocate(  # type: ignore[return-value]
+            shapes, dtypes, batch_size, fmt
+        )
+
+    def free(self, memory_obj: MemoryObj, allocator_type: str | None = "cpu") -> None:
+        """Free an object into the pool it came from."""
+        self._owner(memory_obj, allocator_type).free(memory_obj)
+
+    def batched_free(
+        self,
+        memory_objs: list[MemoryObj],
+        allocator_type: str | None = None,
+        update_stats: bool = True,
+    ) -> None:
+        """Free each object into the pool it came from."""
+        by_pool: dict[int, tuple[MemoryPool, list[MemoryObj]]] = {}
+        for obj in memory_objs:
+            pool = self._owner(obj, allocator_type)
+            by_pool.setdefault(id(pool), (pool, []))[1].append(obj)
+        for pool, objs in by_pool.values():
+            pool.batched_free(objs)
+
+    def memcheck(self) -> bool:
+        """True when both pools' invariants hold."""
+        return all(p.memcheck() for p in (self.cpu_pool, self.gpu_pool) if p is not None)
+
+    def close(self) -> None:
+        """Close both pools (idempotent)."""
+        for pool in (self.cpu_pool, self.gpu_pool):
+            if pool is not None:
+                pool.close()
+
+    def __str__(self) -> str:
+        return "PDMemoryAllocator"
+
+
+# ---------------------------------------------------------------------------
+# the reference's pinned-memory helpers
+# ---------------------------------------------------------------------------
+
+_cpu_buffers: dict[int, Backing] = {}
+_cpu_buffers_lock = threading.Lock()
+
+
+def _allocate_cpu_memory(
+    size: int,
+    numa_mapping: NUMAMapping | None = None,
+    shm_name: str | None = None,
+    use_hugepages: bool = False,
+) -> torch.Tensor:
+    """Pinned host memory as a flat ``uint8`` tensor (reference helper).
+
+    The tensor keeps its memory alive; :func:`_free_cpu_memory` releases
+    the pool's hold, and the memory goes when the last view does.
+
+    Args:
+        size: bytes (0 gives an empty tensor).
+        numa_mapping: bind to the node it gives for this process.
+        shm_name: put the memory in a named shared-memory segment.
+        use_hugepages: require 2 MiB hugepages (not with ``shm_name``).
+
+    Raises:
+        InvalidArgumentError: bad size, or hugepages with shared memory.
+        HugePagesExhaustedError: hugepages required and the pool is short.
+    """
+    if size == 0:
+        return torch.empty(0, dtype=torch.uint8)
+    if use_hugepages and shm_name:
+        raise InvalidArgumentError("hugepages are not supported with shared memory (shm_name)")
+    backing = HostBacking(
+        _check_size(size),
+        pin="auto",
+        numa_node=resolve_numa_node(numa_mapping),
+        hugepages="required" if use_hugepages else "never",
+        shm_name=shm_name,
+    )
+    tensor = backing.tensor
+    with _cpu_buffers_lock:
+        _cpu_buffers[tensor.data_ptr()] = backing
+    return tensor
+
+
+def _free_cpu_memory(
+    buffer: torch.Tensor,
+    size: int | None = None,
+    numa_mapping: NUMAMapping | None = None,
+    shm_name: str | None = None,
+    use_hugepages: bool = False,
+) -> None:
+    """Release memory from :func:`_allocate_cpu_memory` (reference helper).
+
+    The mapping goes when the last view of it (``buffer`` included) is
+    released, so nothing dangles.
+
+    Raises:
+        InvalidHandleError: ``buffer`` did not come from _allocate_cpu_memory,
+            or was already freed.
+    """
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    if not isinstance(buffer, torch.Tensor):
+        raise InvalidArgumentError(f"buffer must be a tensor, got {type(buffer).__name__}")
+    if buffer.numel() == 0:
+        return
+    with _cpu_buffers_lock:
+        backing = _cpu_buffers.pop(buffer.data_ptr(), None)
+    if backing is None:
+        raise InvalidHandleError(
+            f"_free_cpu_memory: no live buffer at {buffer.data_ptr():#x}; "
+            "it was freed already or did not come from _allocate_cpu_memory"
+        )
+    backing.close()
+
+
+def _read_hugepage_info() -> tuple[int, int, int] | None:
+    """``(nr_hugepages, free_hugepages, 2)`` for the 2 MiB pool, or None."""
+    return read_hugepage_info()

@@ -1,0 +1,391 @@
+"""One pool type: a backing (where the bytes are) times a placement policy.
+
+:class:`MemoryPool` owns a :class:`~kvpool.backing.Backing` and places
+objects in it with an extent policy
+(:class:`~kvpool.extent.TensorMemoryAllocator`) or a paged one
+(:class:`~kvpool.paged.PagedTensorMemoryAllocator`).  It can also route
+``BINARY_BUFFER`` requests to ordinary Python byte buffers.  The
+reference API's allocator classes (:mod:`kvpool.allocators`) are thin
+named constructions of this one class.
+
+Lifecycle: ``close()`` is idempotent and ``with`` closes on exit.  It
+invalidates every object of the pool and returns the memory; a view made
+before (a ``byte_array`` slice, a tensor) keeps the mapping alive until it
+is released, so nothing dangles.  Garbage collection of the pool is only
+a backstop for close().
+
+Thread safety: the placement policy's lock is the pool's one lock; the
+pool adds none.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import weakref
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from kvpool.address import AddressManager
+from kvpool.backing import Backing
+from kvpool.errors import InvalidArgumentError, PoolClosedError
+from kvpool.extent import TensorMemoryAllocator
+from kvpool.formats import MemoryFormat
+from kvpool.interface import MemoryAllocatorInterface, PoolStats
+from kvpool.objects import BytesBufferMemoryObj, MemoryObj
+from kvpool.paged import PagedTensorMemoryAllocator
+
+__all__ = ["TENSOR_FORMATS", "BufferAllocator", "MemoryPool", "build_policy", "live_pools"]
+
+#: Formats a pool places in its own memory (BINARY_BUFFER goes to byte buffers).
+TENSOR_FORMATS = frozenset(
+    {
+        MemoryFormat.KV_2LTD,
+        MemoryFormat.KV_T2D,
+        MemoryFormat.KV_2TD,
+        MemoryFormat.KV_MLA_FMT,
+        MemoryFormat.BINARY,
+        MemoryFormat.EC_TD,
+        MemoryFormat.HS_TD,
+    }
+)
+
+Policy = TensorMemoryAllocator | PagedTensorMemoryAllocator
+
+_pools: weakref.WeakSet[MemoryPool] = weakref.WeakSet()
+_pools_lock = threading.Lock()
+
+
+def live_pools() -> list[MemoryPool]:
+    """The pools of this process that are not closed (for monitoring)."""
+    with _pools_lock:
+        return [p for p in _pools if not p.closed]
+
+
+class BufferAllocator(MemoryAllocatorInterface):
+    """Objects over fresh Python ``bytearray``s (``BINARY_BUFFER``).
+
+    Args:
+        device: kept for the reference API; only "cpu" is meaningful.
+    """
+
+    def __init__(self, device: str = "cpu") -> None:
+        self.device = device
+
+    @staticmethod
+    def _length(shapes: Any) -> int:
+        shape = shapes[0] if isinstance(shapes, list) else shapes
+        try:
+            n = int(shape[0])
+        except (TypeError, IndexError, ValueError):
+            raise InvalidArgumentError(
+                f"a byte buffer's shape must start with its length in bytes, got {shapes!r}"
+            ) from None
+        if n < 0:
+            raise InvalidArgumentError(f"a byte buffer cannot have length {n}")
+        return n
+
+    def allocate(
+        self,
+        shapes: torch.Size | list[torch.Size],
+        dtypes: torch.dtype | list[torch.dtype],
+        fmt: MemoryFormat = MemoryFormat.BINARY_BUFFER,
+        allocator_type: str | None = None,
+    ) -> BytesBufferMemoryObj:
+        """A zeroed byte buffer of ``shapes[0]`` bytes (the dtype is ignored).
+
+        Raises:
+            InvalidArgumentError: the shape does not start with a length >= 0.
+        """
+        return BytesBufferMemoryObj(bytearray(self._length(shapes)))
+
+    def batched_allocate(
+        self,
+        shapes: torch.Size | list[torch.Size],
+        dtypes: torch.dtype | list[torch.dtype],
+        batch_size: int,
+        fmt: MemoryFormat = MemoryFormat.BINARY_BUFFER,
+        allocator_type: str | None = None,
+    ) -> list[BytesBufferMemoryObj]:
+        """``batch_size`` zeroed byte buffers.
+
+        Raises:
+            InvalidArgumentError: bad shape or negative batch size.
+        """
+        n = self._length(shapes)
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 0:
+            raise InvalidArgumentError(f"batch_size must be an int >= 0, got {batch_size!r}")
+        return [BytesBufferMemoryObj(bytearray(n)) for _ in range(batch_size)]
+
+    def free(self, memory_obj: MemoryObj, allocator_type: str | None = None) -> None:
+        """Nothing to do: the buffer is garbage-collected."""
+
+    def batched_free(
+        self,
+        memory_objs: list[MemoryObj],
+        allocator_type: str | None = None,
+        update_stats: bool = True,
+    ) -> None:
+        """Nothing to do: the buffers are garbage-collected."""
+
+    def __str__(self) -> str:
+        return "BufferAllocator"
+
+
+def build_policy(
+    backing: Backing,
+    use_paging: bool,
+    *,
+    align_bytes: int = AddressManager.ALIGN_BYTES,
+    init_address_space: int | None = None,
+    shapes: list[torch.Size] | None = None,
+    dtypes: list[torch.dtype] | None = None,
+    fmt: MemoryFormat | None = None,
+) -> Policy:
+    """The placement policy for ``backing``: extent, or paged when ``use_paging``.
+
+    Raises:
+        InvalidArgumentError: paging without ``shapes``/``dtypes``/``fmt``,
+            or a bad alignment.
+    """
+    if use_paging:
+        missing = [
+            n for n, v in (("shapes", shapes), ("dtypes", dtypes), ("fmt", fmt)) if v is None
+        ]
+        if missing:
+            raise InvalidArgumentError(
+                f"a paged pool needs {', '.join(missing)}: pass use_paging=True with "
+                "shapes=[...], dtypes=[...], fmt=MemoryFormat...."
+            )
+        return PagedTensorMemoryAllocator(
+            backing.tensor,
+            shapes,  # type: ignore[arg-type]
+            dtypes,  # type: ignore[arg-type]
+            fmt,  # type: ignore[arg-type]
+            byte_view=backing.view,
+        )
+    if (
+        isinstance(align_bytes, bool)
+        or not isinstance(align_bytes, int)
+        or align_bytes <= 0
+        or align_bytes & (align_bytes - 1)
+    ):
+        raise InvalidArgumentError(
+            f"align_bytes must be a positive power of two, got {align_bytes!r}"
+        )
+    return TensorMemoryAllocator(
+        backing.tensor, align_bytes, init_address_space, byte_view=backing.view
+    )
+
+
+class MemoryPool(MemoryAllocatorInterface):
+    """A backing plus a placement policy, with one lock and a lifecycle.
+
+    Args:
+        backing: the memory (the pool owns it and closes it).
+        policy: the placement policy over ``backing``.
+        byte_buffers: route ``BINARY_BUFFER`` requests to Python byte
+            buffers (as the reference's MixedMemoryAllocator does).
+        formats: the formats placed in the pool's memory (default: every
+            tensor format); others raise.
+        name: what ``str(pool)`` says (the reference class name).
+
+    Attributes:
+        allocator: the placement policy.
+        buffer: the pool's memory as a flat ``uint8`` tensor.
+        size: bytes of memory.
+    """
+
+    def __init__(
+        self,
+        backing: Backing,
+        policy: Policy,
+        *,
+        byte_buffers: bool = False,
+        formats: Iterable[MemoryFormat] = TENSOR_FORMATS,
+        name: str = "MemoryPool",
+    ) -> None:
+        self.backing = backing
+        self.allocator: Policy = policy
+        self.buffer_allocator = BufferAllocator("cpu") if byte_buffers else None
+        self._formats = frozenset(formats)
+        self._name = name
+        self._closed = False
+        self._close_lock = threading.Lock()
+        with _pools_lock:
+            _pools.add(self)
+
+    # -- attributes of the reference API -------------------------------
+
+    @property
+    def buffer(self) -> torch.Tensor:
+        """The pool's memory as a flat ``uint8`` tensor (zero-copy)."""
+        return self.backing.tensor
+
+    @property
+    def size(self) -> int:
+        """Bytes of memory."""
+        return self.backing.size
+
+    @property
+    def address_manager(self) -> Any:
+        """The policy's address manager (AddressManager or PagedAddressManager)."""
+        return self.allocator.address_manager
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` ran."""
+        return self._closed
+
+    @property
+    def num_active_allocations(self) -> int:
+        """Live objects in the pool's memory."""
+        return self.allocator.num_active_allocations
+
+    # -- allocation ----------------------------------------------------
+
+    def _check_format(self, fmt: object) -> bool:
+        """True for a byte-buffer request, False for the pool; raise otherwise."""
+        if fmt in self._formats:
+            return False
+        if fmt is MemoryFormat.BINARY_BUFFER and self.buffer_allocator is not None:
+            return True
+        supported = sorted(f.name for f in self._formats)
+        if self.buffer_allocator is not None:
+            supported.append("BINARY_BUFFER")
+        raise InvalidArgumentError(
+            f"unsupported memory format {fmt!r} for {self._name}; supported: {', '.join(supported)}"
+        )
+
+    def allocate(
+        self,
+        shapes: torch.Size | list[torch.Size],
+        dtypes: torch.dtype | list[torch.dtype],
+        fmt: MemoryFormat = MemoryFormat.KV_2LTD,
+        allocator_type: str | None = None,
+    ) -> MemoryObj | None:
+        """Allocate one object (see :meth:`TensorMemoryAllocator.allocate`).
+
+        Returns:
+            The object, or None when the pool is full.
+
+        Raises:
+            InvalidArgumentError: bad layout or unsupported format.
+            PoolClosedError: the pool was closed.
+        """
+        if self._check_format(fmt):
+            return self.buffer_allocator.allocate(shapes, dtypes, fmt)  # type: ignore[union-attr]
+        return self.allocator.allocate(shapes, dtypes, fmt)
+
+    def batched_allocate(
+        self,
+        shapes: torch.Size | list[torch.Size],
+        dtypes: torch.dtype | list[torch.dtype],
+        batch_size: int,
+        fmt: MemoryFormat = MemoryFormat.KV_2LTD,
+        allocator_type: str | None = None,
+    ) -> list[MemoryObj] | None:
+        """Allocate ``batch_size`` objects, all or nothing (None when full).
+
+        Raises:
+            InvalidArgumentError: bad layout, batch size or format.
+            PoolClosedError: the pool was closed.
+        """
+        if self._check_format(fmt):
+            return self.buffer_allocator.batched_allocate(  # type: ignore[union-attr, return-value]
+                shapes, dtypes, batch_size, fmt
+            )
+        return self.allocator.batched_allocate(  # type: ignore[return-value]
+            shapes, dtypes, batch_size, fmt
+        )
+
+    def free(self, memory_obj: MemoryObj, allocator_type: str | None = None) -> None:
+        """Give an object back now (normally the last ``ref_count_down`` does).
+
+        Byte-buffer objects need nothing.
+
+        Raises:
+            InvalidHandleError: the object belongs to another pool.
+        """
+        if isinstance(memory_obj, BytesBufferMemoryObj) and self.buffer_allocator is not None:
+            return
+        self.allocator.free(memory_obj)
+
+    def batched_free(
+        self,
+        memory_objs: list[MemoryObj],
+        allocator_type: str | None = None,
+        update_stats: bool = True,
+    ) -> None:
+        """Free each object of the list once, each by its own kind.
+
+        The list may mix byte-buffer objects and pool objects; the caller's
+        list is not modified.
+
+        Raises:
+            InvalidHandleError: an object belongs to another pool.
+        """
+        if not memory_objs:
+            return
+        if self.buffer_allocator is not None:
+            memory_objs = [o for o in memory_objs if not isinstance(o, BytesBufferMemoryObj)]
+        self.allocator.batched_free(memory_objs)
+
+    # -- state ---------------------------------------------------------
+
+    def memcheck(self) -> bool:
+        """Verify every invariant of the placement; True when all hold."""
+        return self.allocator.memcheck()
+
+    def stats(self) -> PoolStats:
+        """A consistent snapshot of the pool's accounting (see :class:`PoolStats`).
+
+        Raises:
+            PoolClosedError: the pool was closed.
+        """
+        if self._closed:
+            raise PoolClosedError(f"stats of a closed {self._name}")
+        return self.allocator.stats()
+
+    def describe(self) -> dict[str, Any]:
+        """The backing's description plus the policy in use."""
+        info = dict(self.backing.describe())
+        info["policy"] = (
+            "paged" if isinstance(self.allocator, PagedTensorMemoryAllocator) else "extent"
+        )
+        info["pool"] = self._name
+        return info
+
+    def close(self) -> None:
+        """Invalidate every object and return the memory.  Idempotent.
+
+        Views made earlier (``byte_array`` slices, tensors) keep the
+        mapping alive until they are released.
+        """
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        self.allocator.close()
+        self.backing.close()
+
+    def __enter__(self) -> MemoryPool:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        # A backstop only: close() is the contract.
+        if not getattr(self, "_closed", True):
+            with contextlib.suppress(Exception):  # never raise from a finalizer
+                self.close()
+
+    def __str__(self) -> str:
+        return self._name
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"<{self._name} {state} {self.describe()}>"
