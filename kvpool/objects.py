@@ -508,7 +508,11 @@ class TensorMemoryObj(MemoryObj):
             elif count == 0:
                 meta.ref_count = 0
                 if meta.pin_count <= 0:
-                    self._free_locked()
+                    pool = self._pool
+                    if pool is not None:
+                        pool._release_locked(self)
+                    else:
+                        self._free_locked()
             else:
                 report(
                     RefCountError,

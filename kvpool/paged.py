@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections import deque
 from typing import Any
 
 import torch
@@ -70,7 +69,7 @@ class PagedAddressManager:
 
     def get_free_size(self) -> int:
         """Bytes in free pages."""
-        return len(self._allocator._free) * self._allocator.align_bytes
+        return self._allocator._free_count() * self._allocator.align_bytes
 
 
 class PagedTensorMemoryAllocator(MemoryAllocatorInterface):
@@ -123,7 +122,12 @@ class PagedTensorMemoryAllocator(MemoryAllocatorInterface):
         self.fmt = fmt
         self.align_bytes = page
         self._num_pages = arena.size // page
-        self._free: deque[int] = deque(range(self._num_pages))
+        # Free pages in FIFO order: a list consumed from _head (slicing
+        # takes a batch at C speed), compacted once the consumed prefix
+        # outgrows the rest.  FIFO reuse gives a freed handle time to be
+        # dropped by its last user, so that it can be recycled.
+        self._free: list[int] = list(range(self._num_pages))
+        self._head = 0
         self._handles: list[TensorMemoryObj | None] = [None] * self._num_pages
         self._lock = threading.Lock()
         self._pinned = 0
@@ -139,12 +143,26 @@ class PagedTensorMemoryAllocator(MemoryAllocatorInterface):
     @property
     def num_active_allocations(self) -> int:
         """Pages in use (exact: derived from the free list)."""
-        return self._num_pages - len(self._free)
+        return self._num_pages - self._free_count()
+
+    def _free_count(self) -> int:
+        return len(self._free) - self._head
+
+    def _take_pages(self, count: int) -> list[int]:
+        """Remove the ``count`` oldest free pages; caller holds the lock."""
+        head = self._head
+        pages = self._free[head : head + count]
+        head += count
+        if head > 1024 and head * 2 > len(self._free):
+            del self._free[:head]
+            head = 0
+        self._head = head
+        return pages
 
     @property
     def total_allocated_size(self) -> int:
         """Bytes in pages in use."""
-        return (self._num_pages - len(self._free)) * self.align_bytes
+        return (self._num_pages - self._free_count()) * self.align_bytes
 
     @property
     def num_pages(self) -> int:
@@ -154,7 +172,7 @@ class PagedTensorMemoryAllocator(MemoryAllocatorInterface):
     @property
     def free_blocks(self) -> list[int]:
         """Snapshot of the free page indices, in the order they will be reused."""
-        return list(self._free)
+        return self._free[self._head :]
 
     @property
     def paged_buffers(self) -> tuple[torch.Tensor, ...]:
@@ -173,7 +191,7 @@ class PagedTensorMemoryAllocator(MemoryAllocatorInterface):
         lock = self._lock
         lock.acquire()
         try:
-            free = len(self._free)
+            free = self._free_count()
             used = self._num_pages - free
             # Any free page fits any allocation: no external fragmentation.
             return PoolStats(
@@ -263,7 +281,20 @@ class PagedTensorMemoryAllocator(MemoryAllocatorInterface):
 
         Complexity: O(1).
         """
-        shape_list, dtype_list, nbytes, default = self._layout(shapes, dtypes)
+        if (
+            shapes.__class__ is _Size
+            and dtypes is self._default_dtype
+            and shapes == self._default_shape
+        ):
+            # The page's own layout (the common case), checked inline.
+            shape_list, dtype_list, nbytes, default = (
+                self.shapes,
+                self.dtypes,
+                self.align_bytes,
+                True,
+            )
+        else:
+            shape_list, dtype_list, nbytes, default = self._layout(shapes, dtypes)
         if fmt.__class__ is not MemoryFormat:
             check_format(fmt)
         clean = default and fmt is self.fmt
@@ -273,9 +304,18 @@ class PagedTensorMemoryAllocator(MemoryAllocatorInterface):
             if self._closed:
                 raise PoolClosedError(f"allocate on a closed {self}")
             free = self._free
-            if not free and not self._reclaim_locked():
-                return None
-            page = free.popleft()
+            head = self._head
+            if head == len(free):
+                if not self._reclaim_locked():
+                    return None
+                free = self._free
+                head = self._head
+            page = free[head]
+            head += 1
+            if head > 1024 and head * 2 > len(free):
+                del free[:head]
+                head = 0
+            self._head = head
             obj = self._handles[page]
             if clean and obj is not None and not obj._dirty and _getrefcount(obj) == _UNREFERENCED:
                 obj.valid = True
@@ -314,13 +354,11 @@ class PagedTensorMemoryAllocator(MemoryAllocatorInterface):
         try:
             if self._closed:
                 raise PoolClosedError(f"batched_allocate on a closed {self}")
-            free = self._free
-            if len(free) < batch_size:
+            if self._free_count() < batch_size:
                 self._reclaim_locked()
-                if len(free) < batch_size:
+                if self._free_count() < batch_size:
                     return None
-            take = free.popleft
-            pages = [take() for _ in range(batch_size)]
+            pages = self._take_pages(batch_size)
             out = list(map(self._handles.__getitem__, pages))
             if not clean:
                 return [
@@ -418,22 +456,26 @@ class PagedTensorMemoryAllocator(MemoryAllocatorInterface):
             put = free.append
             if self._pinned:
                 self._unpin_listed_locked(memory_objs, unpinned)
-            freed = 0
-            for obj in memory_objs:
-                if obj.__class__ is _TMO and obj._pool is self and obj.valid:  # type: ignore[attr-defined]
-                    obj.valid = False  # type: ignore[attr-defined]
-                    put(obj._page)  # type: ignore[attr-defined]
-                    freed += 1
-                elif obj.__class__ is not _TMO or obj._pool is not self:  # type: ignore[attr-defined]
-                    # Not ours: undo this call's frees, so that nothing is freed.
-                    for _ in range(freed):
-                        self._handles[free.pop()].valid = True  # type: ignore[union-attr]
-                    self._check_owned(obj)
-                else:
-                    report(
-                        InvalidHandleError,
-                        f"batched_free of an already freed object {obj!r}; skipped",
-                    )
+            before = len(free)
+            try:
+                for obj in memory_objs:
+                    if obj._pool is self and obj.valid:  # type: ignore[attr-defined]
+                        obj.valid = False  # type: ignore[attr-defined]
+                        put(obj._page)  # type: ignore[attr-defined]
+                    elif obj._pool is self:  # type: ignore[attr-defined]
+                        report(
+                            InvalidHandleError,
+                            f"batched_free of an already freed object {obj!r}; skipped",
+                        )
+                    else:
+                        raise AttributeError
+            except AttributeError:
+                # Not ours (another pool's handle, or not a handle at all):
+                # undo this call's frees, so that nothing is freed, and raise.
+                while len(free) > before:
+                    self._handles[free.pop()].valid = True  # type: ignore[union-attr]
+                self._check_owned(obj)
+                raise
         finally:
             lock.release()
         for obj in unpinned:
@@ -510,8 +552,8 @@ class PagedTensorMemoryAllocator(MemoryAllocatorInterface):
 
     def _memcheck_locked(self) -> bool:
         problems = []
-        free = set(self._free)
-        if len(free) != len(self._free):
+        free = set(self._free[self._head :])
+        if len(free) != self._free_count():
             problems.append("a page is in the free list twice")
         if any(not 0 <= p < self._num_pages for p in free):
             problems.append("a free page index is out of range")
