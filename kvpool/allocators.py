@@ -141,6 +141,7 @@ class MixedMemoryAllocator(MemoryPool):
             enough are free (``KVPOOL_HUGEPAGES=never`` turns that off).
         **kwargs: ``numa_mapping`` (a :class:`NUMAMapping`: bind to the
             current GPU's node, or the calling CPU's node without GPUs),
+            ``numa_node`` (bind to this node, overriding ``numa_mapping``),
             ``align_bytes`` (a power of two), ``shm_name`` (share the pool
             with other processes; also read from ``config``'s extra config
             as in the reference), ``shm_reuse`` (replace a leftover segment),
@@ -177,7 +178,7 @@ class MixedMemoryAllocator(MemoryPool):
         backing = HostBacking(
             _check_size(size),
             pin="auto",
-            numa_node=resolve_numa_node(self.numa_mapping),
+            numa_node=self._numa_node(kwargs.get("numa_node")),
             hugepages=hugepages,
             shm_name=self.shm_name,
             shm_reuse=bool(kwargs.get("shm_reuse", False)),
@@ -196,6 +197,14 @@ class MixedMemoryAllocator(MemoryPool):
             formats=TENSOR_FORMATS,
             name="MixedMemoryAllocator",
         )
+
+    def _numa_node(self, numa_node: object) -> int | None:
+        """An explicit ``numa_node`` wins over ``numa_mapping``."""
+        if numa_node is None:
+            return resolve_numa_node(self.numa_mapping)
+        if isinstance(numa_node, bool) or not isinstance(numa_node, int) or numa_node < 0:
+            raise InvalidArgumentError(f"numa_node must be an int >= 0, got {numa_node!r}")
+        return numa_node
 
     @property
     def pin_allocator(self) -> Any:
