@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from kvpool import _native, errors
-from kvpool.host import HostBuffer, allocate_host, live_mappings
+from kvpool.host import HostBuffer, allocate_host, attach_shm, live_mappings
 
 MIB = 1 << 20
 
@@ -70,6 +70,20 @@ def test_commit_keeps_what_was_written_before() -> None:
         assert buf.commit(4 * MIB, 4 * MIB, pin="none") == "none"
         assert bytes(view[5 * MIB : 5 * MIB + 5]) == b"hello"
         del view
+
+
+def test_shared_memory_commit_keeps_the_other_side_s_data(options) -> None:
+    # Without MADV_POPULATE_WRITE the commit touches each page itself.
+    _native.option_set("use_populate_write", 0)
+    name = "/kvpool-test-commit-shm"
+    with reserve(4 * MIB, shm_name=name, shm_reuse=True) as owner:
+        with attach_shm(name, pin="none") as other:
+            other.memoryview()[3 * MIB : 3 * MIB + 6] = b"shared"
+            assert other.commit(0, 4 * MIB, pin="none") == "none"
+            assert other.populate_method == "first-touch"
+        assert owner.commit(0, 4 * MIB, pin="none") == "none"
+        assert bytes(owner.memoryview()[3 * MIB : 3 * MIB + 6]) == b"shared"
+        assert resident(owner) == 4 * MIB
 
 
 def test_mlock_step_reports_mlock_or_raises(smaps, options) -> None:
