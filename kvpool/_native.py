@@ -38,11 +38,13 @@ __all__ = [
     "OPTIONS",
     "PINNED",
     "PIN_MODES",
+    "COMMIT_PIN_MODES",
     "POPULATE_METHODS",
     "STATUS_EXCEPTIONS",
     "Region",
     "alloc",
     "check",
+    "commit",
     "cuda_reload",
     "current_cpu",
     "ffi",
@@ -126,6 +128,11 @@ PIN_MODES: dict[str, int] = {
     "mlock": lib.PINMEM_PIN_MLOCK,
     "cuda-alloc": lib.PINMEM_PIN_CUDA_ALLOC,
     "cuda-register": lib.PINMEM_PIN_CUDA_REGISTER,
+}
+
+#: pin= strings accepted by :func:`commit` (cudaHostAlloc cannot pin a range).
+COMMIT_PIN_MODES: dict[str, int] = {
+    name: PIN_MODES[name] for name in ("auto", "none", "mlock", "cuda-register")
 }
 
 #: hugepages= strings accepted by :func:`alloc`.
@@ -284,15 +291,21 @@ class Region:
         size: usable bytes (what was asked for).
         mapped_size: bytes mapped, rounded up to the page size in use.
         kind: "anonymous", "hugetlb", "shm" or "cuda-host".
-        pinned: "none", "mlock", "cuda-alloc" or "cuda-register".
+        pinned: "none", "mlock", "cuda-alloc" or "cuda-register": how the
+            whole mapping is pinned ("none" while any part of it is not;
+            the weakest pinning when parts differ).
         hugepages: "none", "thp" or "hugetlb-2MiB".
         numa_node: the node asked for, or None.
         numa_bound: True when mbind(MPOL_BIND) took effect.
         shm_owner: True for the creator of a shared-memory segment.
-        populate_method: "none", "madvise", "first-touch" or "driver".
-        threads_used: threads that populated the mapping.
+        populate_method: "none", "madvise", "first-touch" or "driver" (the
+            allocation's, or the most recent commit's).
+        threads_used: threads of that population.
         register_chunks: cudaHostRegister calls behind it (0 if none).
         page_size: page size in use, bytes.
+        committed_bytes: bytes made resident by the allocation (all of
+            ``mapped_size`` when it populated or pinned) or by :func:`commit`.
+        pinned_bytes: of those, bytes pinned (mlock or CUDA).
     """
 
     address: int
@@ -308,6 +321,8 @@ class Region:
     threads_used: int
     register_chunks: int
     page_size: int
+    committed_bytes: int
+    pinned_bytes: int
 
 
 def _region(r: Any) -> Region:
@@ -325,6 +340,8 @@ def _region(r: Any) -> Region:
         threads_used=int(r.threads_used),
         register_chunks=int(r.register_chunks),
         page_size=int(r.page_size),
+        committed_bytes=int(r.committed_bytes),
+        pinned_bytes=int(r.pinned_bytes),
     )
 
 
@@ -484,6 +501,56 @@ def query(address: int) -> Region:
     out = ffi.new("pinmem_region *")
     check(lib.pinmem_query(_ptr(address), out), f"query {address:#x}")
     return _region(out)
+
+
+def commit(
+    address: int, offset: int, length: int, *, pin: str = "auto", threads: int | None = None
+) -> str:
+    """Make a range of a live mapping resident and pinned (``pinmem_commit``).
+
+    The mapping never moves, so a pool can reserve it whole (``alloc(...,
+    pin="none", populate=False)``) and commit it step by step.  Contents of
+    the range are kept.  A range is committed once; commits of disjoint
+    ranges may run in parallel threads, and a :func:`free` of the mapping
+    waits for the commits in progress.
+
+    Args:
+        address: base address of the mapping.
+        offset: start of the range, a multiple of the mapping's page size
+            (4 KiB, or 2 MiB for hugetlb).
+        length: bytes, > 0, a multiple of the page size; the range must end
+            within ``mapped_size``.
+        pin: "auto" (cudaHostRegister when CUDA is usable, else mlock if
+            allowed, else none), "none", "mlock" or "cuda-register".
+        threads: populate threads, None for the default.
+
+    Returns:
+        How the range ended up pinned: "cuda-register", "mlock" or "none".
+
+    Raises:
+        InvalidArgumentError: a bad argument, a range that is unaligned, out
+            of the mapping or overlapping one committed before.
+        InvalidHandleError: address is not the base of a live mapping (or
+            it is being freed).
+        FeatureUnavailableError: pin="mlock" refused, or pin="cuda-register"
+            without CUDA.
+        OutOfMemoryError: populating or registering failed for lack of memory.
+        NativeError: the range overlaps a commit in progress (``EBUSY``), or
+            the OS or the CUDA runtime failed otherwise.
+    """
+    start = _int("offset", offset, low=0, high=_SIZE_MAX)
+    nbytes = _int("length", length, low=1, high=_SIZE_MAX)
+    if pin == "cuda-alloc":
+        raise errors.InvalidArgumentError(
+            "pin='cuda-alloc' cannot pin a range of an existing mapping; use 'cuda-register' "
+            "(or 'auto')"
+        )
+    mode = _choice("pin", pin, COMMIT_PIN_MODES)
+    nthreads = 0 if threads is None else _int("threads", threads, low=1, high=1024)
+    out = ffi.new("int *")
+    status = lib.pinmem_commit(_ptr(address), start, nbytes, mode, nthreads, out)
+    check(status, f"commit {nbytes} bytes at offset {start} of {address:#x} (pin={pin!r})")
+    return PINNED.get(out[0], f"unknown({out[0]})")
 
 
 def live() -> tuple[int, int]:

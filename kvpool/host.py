@@ -25,8 +25,17 @@ Shared memory:
     a later ``allocate_host(..., shm_name=name, shm_reuse=True)`` or
     :func:`unlink_shm` cleans it up.
 
+Incremental commit:
+    A lazily growing pool reserves its whole range once, ``allocate_host(
+    size, pin="none", populate=False)``, and then makes one range after the
+    other resident and pinned with :meth:`HostBuffer.commit` -- from a
+    background thread if it likes -- while the committed part is in use.
+    The mapping never moves.  ``committed_bytes`` and ``pinned_bytes`` say
+    how far it got; ``pinned`` names a pinning only once all of it is.
+
 Threads: a HostBuffer may be shared between threads; close() is safe to
-call concurrently and more than once.
+call concurrently and more than once; commit() of disjoint ranges may run
+in several threads at once.
 """
 
 from __future__ import annotations
@@ -95,18 +104,24 @@ class HostBuffer:
         size: usable bytes (exactly what was asked for, or the attached size).
         mapped_size: bytes actually mapped (rounded up to the page size).
         address: base address.
-        pinned: "cuda-alloc", "cuda-register", "mlock" or "none" -- how it is
-            pinned in fact, never what was hoped for.
+        pinned: "cuda-alloc", "cuda-register", "mlock" or "none" -- how the
+            whole mapping is pinned in fact, never what was hoped for: "none"
+            while any part is uncommitted or unpinned, the weakest pinning
+            when committed parts differ.
         numa_node: the node asked for, or None.
         numa_bound: True when the NUMA binding took effect; False when the
             kernel refused mbind (containers) and the memory is unbound.
         hugepages: "hugetlb-2MiB", "thp" or "none".
         shm_name: the segment's name, or None.
         shm_owner: True for the creator of a segment, False for an attacher.
-        populate_method: "madvise", "first-touch", "driver" or "none".
-        threads_used: threads that made it resident.
+        populate_method: "madvise", "first-touch", "driver" or "none" (the
+            allocation's, or the most recent commit's).
+        threads_used: threads of that population.
         register_chunks: cudaHostRegister calls behind it (0 if none).
         page_size: page size in use, bytes.
+        committed_bytes: bytes made resident by the allocation (all of
+            ``mapped_size`` when it populated or pinned) or by :meth:`commit`.
+        pinned_bytes: of those, bytes pinned (mlock or CUDA).
 
     Lifetime: see the module docstring.  close() is idempotent, ``with``
     closes on exit, and ``__del__`` is only a backstop.
@@ -126,6 +141,8 @@ class HostBuffer:
     threads_used: int
     register_chunks: int
     page_size: int
+    committed_bytes: int
+    pinned_bytes: int
 
     def __init__(
         self, region: _native.Region, *, shm_name: str | None = None, unlink_on_close: bool = True
@@ -135,16 +152,13 @@ class HostBuffer:
         self.size = region.size
         self.mapped_size = region.mapped_size
         self.address = region.address
-        self.pinned = region.pinned
         self.numa_node = region.numa_node
         self.numa_bound = region.numa_bound
         self.hugepages = region.hugepages
         self.shm_name = shm_name
         self.shm_owner = region.shm_owner
-        self.populate_method = region.populate_method
-        self.threads_used = region.threads_used
-        self.register_chunks = region.register_chunks
         self.page_size = region.page_size
+        self._take_state(region)
         self._unlink_on_close = unlink_on_close
         self._lock = threading.Lock()
         self._mapping = _Mapping(region.address)
@@ -153,6 +167,15 @@ class HostBuffer:
             _shm_creators.add(self)
 
     # ---------------------------------------------------------------- state
+
+    def _take_state(self, region: _native.Region) -> None:
+        """Copy the fields that commits change."""
+        self.pinned = region.pinned
+        self.populate_method = region.populate_method
+        self.threads_used = region.threads_used
+        self.register_chunks = region.register_chunks
+        self.committed_bytes = region.committed_bytes
+        self.pinned_bytes = region.pinned_bytes
 
     @property
     def closed(self) -> bool:
@@ -204,6 +227,56 @@ class HostBuffer:
             ) from exc
         view = self.memoryview()
         return torch.frombuffer(view, dtype=torch.uint8, count=self.size)
+
+    # --------------------------------------------------------------- commit
+
+    def commit(
+        self, offset: int, length: int, *, pin: str = "auto", threads: int | None = None
+    ) -> str:
+        """Make ``[offset, offset + length)`` resident and pinned, in place.
+
+        For a buffer reserved with ``allocate_host(size, pin="none",
+        populate=False)``: commit it step by step as it is needed; addresses
+        never move, and the contents of the range are kept.  A range is
+        committed once (a buffer populated or pinned when allocated is
+        committed whole).  Commits of disjoint ranges may run in several
+        threads; reads and writes of committed ranges go on meanwhile.  The
+        mapping stays alive until the commit returns, even if the buffer is
+        closed meanwhile.  Afterwards ``committed_bytes``, ``pinned_bytes``,
+        ``pinned`` and ``register_chunks`` describe the whole buffer again.
+
+        Args:
+            offset: start of the range, a multiple of ``page_size``.
+            length: bytes, > 0, a multiple of ``page_size``; the range must
+                end within ``mapped_size``.
+            pin: "auto" (cudaHostRegister in chunks of at most 64 GiB when
+                CUDA is usable, else mlock if allowed, else none), "none",
+                "mlock" or "cuda-register"; the latter two raise if refused.
+            threads: populate threads (default: CPUs available, at most 16).
+
+        Returns:
+            How the range ended up pinned: "cuda-register", "mlock" or "none".
+
+        Raises:
+            PoolClosedError: the buffer was closed.
+            InvalidArgumentError: unaligned, out of the buffer, overlapping a
+                committed range, or a bad pin/threads value.
+            FeatureUnavailableError: pin="mlock" refused, or
+                pin="cuda-register" without CUDA.
+            OutOfMemoryError: the memory (or a CUDA registration) is not
+                available; the range stays uncommitted and may be retried.
+            NativeError: the range overlaps a commit in progress in another
+                thread, or the OS or CUDA runtime failed otherwise.
+        """
+        owner = self._handle()  # held: the mapping outlives this call
+        try:
+            pinned = _native.commit(self.address, offset, length, pin=pin, threads=threads)
+        finally:
+            # Failed commits change nothing, but a concurrent one may have.
+            with self._lock:
+                self._take_state(_native.query(self.address))
+            del owner
+        return pinned
 
     # -------------------------------------------------------------- closing
 

@@ -38,14 +38,6 @@
 #define PM_CUDA_PORTABLE 1u
 #define PM_CUDA_ERROR_MEMORY_ALLOCATION 2
 
-enum pm_plan {
-    PM_PLAN_NONE,
-    PM_PLAN_MLOCK_SOFT, /* try mlock, report "none" when refused */
-    PM_PLAN_MLOCK,      /* mlock or fail */
-    PM_PLAN_CUDA_ALLOC,
-    PM_PLAN_CUDA_REGISTER,
-};
-
 static size_t pm_round_up(size_t v, size_t to) { return (v + to - 1) / to * to; }
 
 /* ---------------------------------------------------------------- names */
@@ -365,26 +357,22 @@ static void pm_discard(pm_entry *e)
     pm_entry_destroy(e);
 }
 
-/* Populate and pin a fresh mapping per plan; fills the region fields. */
-static int pm_finish(pm_entry *e, int plan, const pm_cuda_api *cuda, int populate, int threads,
-                     int preserve)
+int pm_fill_range(char *addr, size_t len, size_t page, int hugetlb, int plan,
+                  const pm_cuda_api *cuda, int populate, int threads, int touch, pm_fill *out)
 {
-    pinmem_region *r = &e->region;
-    int private_map = r->kind != PINMEM_KIND_SHM;
+    memset(out, 0, sizeof *out);
     int pinning = plan != PM_PLAN_NONE;
-    if (private_map && pinning && madvise(r->addr, r->mapped_size, MADV_DONTFORK) == 0)
-        e->dontfork = 1;
     int lock = plan == PM_PLAN_MLOCK || plan == PM_PLAN_MLOCK_SOFT;
     int lock_err = 0;
     int lock_in_populate = lock;
     int mode = (int)pm_opt(PINMEM_OPT_MLOCK_MODE);
     if (mode == 3)
-        mode = r->kind == PINMEM_KIND_HUGETLB ? 0 : 2;
+        mode = hugetlb ? 0 : 2;
     if (lock && mode == 2) {
         /* Lock first, on fault: the populate threads then lock as they go
          * and a refusal costs nothing.  ENOSYS/EINVAL: old kernel, lock in
          * the threads instead. */
-        if (pm_mlock_onfault(r->addr, r->mapped_size) == 0)
+        if (pm_mlock_onfault(addr, len) == 0)
             lock_in_populate = 0;
         else if (errno != ENOSYS && errno != EINVAL)
             lock_err = errno;
@@ -395,42 +383,75 @@ static int pm_finish(pm_entry *e, int plan, const pm_cuda_api *cuda, int populat
         lock_in_populate = 0; /* refused up front: populate unlocked */
     if (!(lock_err != 0 && plan == PM_PLAN_MLOCK) && (populate || pinning)) {
         int populate_lock_err = 0;
-        int rc = pm_populate(r->addr, r->mapped_size, r->page_size, threads, preserve,
-                             lock_in_populate, mode == 1, &r->populate_method,
-                             &r->threads_used, &populate_lock_err);
-        if (rc != PINMEM_OK)
+        int rc = pm_populate(addr, len, page, threads, touch, lock_in_populate, mode == 1,
+                             &out->method, &out->threads_used, &populate_lock_err);
+        if (rc != PINMEM_OK) {
+            if (lock)
+                munlock(addr, len);
             return rc;
+        }
         if (lock_err == 0)
             lock_err = populate_lock_err;
     }
-    r->pinned = PINMEM_PINNED_NONE;
+    out->pinned = PINMEM_PINNED_NONE;
     if (lock) {
         if (lock_err == 0) {
-            r->pinned = PINMEM_PINNED_MLOCK;
+            out->pinned = PINMEM_PINNED_MLOCK;
         } else {
-            munlock(r->addr, r->mapped_size);
+            munlock(addr, len);
             if (plan == PM_PLAN_MLOCK) {
                 char a[64], b[64];
                 return pm_fail(PINMEM_EMLOCK, lock_err,
                                "mlock of %s refused: %s; the memlock limit is %s (raise it: "
                                "ulimit -l unlimited, or memlock in /etc/security/limits.conf, "
                                "or run with CAP_IPC_LOCK)",
-                               pm_fmt_bytes(a, sizeof a, r->mapped_size), strerror(lock_err),
+                               pm_fmt_bytes(a, sizeof a, len), strerror(lock_err),
                                pm_memlock_text(b, sizeof b));
             }
         }
     } else if (plan == PM_PLAN_CUDA_REGISTER) {
-        int rc = pm_cuda_register(cuda, r->addr, r->mapped_size, r->page_size, &e->register_chunk,
-                                  &r->register_chunks);
+        int rc = pm_cuda_register(cuda, addr, len, page, &out->register_chunk,
+                                  &out->register_chunks);
         if (rc != PINMEM_OK)
             return rc;
-        r->pinned = PINMEM_PINNED_CUDA_REGISTER;
-        e->cuda = cuda;
+        out->pinned = PINMEM_PINNED_CUDA_REGISTER;
     }
-    if (e->dontfork && r->pinned == PINMEM_PINNED_NONE) {
+    return PINMEM_OK;
+}
+
+/* Populate and pin a fresh mapping per plan; fills the region fields and
+ * records what was populated or pinned as one committed range. */
+static int pm_finish(pm_entry *e, int plan, const pm_cuda_api *cuda, int populate, int threads,
+                     int touch)
+{
+    pinmem_region *r = &e->region;
+    int private_map = r->kind != PINMEM_KIND_SHM;
+    int pinning = plan != PM_PLAN_NONE;
+    int committing = populate || pinning;
+    /* Room for the range first, so that nothing can fail once pinned. */
+    if (committing && pm_ranges_reserve(e, 1) != 0)
+        return pm_fail(PINMEM_ENOMEM, ENOMEM, "out of memory for the registry entry");
+    if (private_map && pinning && madvise(r->addr, r->mapped_size, MADV_DONTFORK) == 0)
+        e->dontfork = 1;
+    pm_fill f;
+    int rc = pm_fill_range(r->addr, r->mapped_size, r->page_size,
+                           r->kind == PINMEM_KIND_HUGETLB, plan, cuda, populate, threads, touch,
+                           &f);
+    if (rc != PINMEM_OK)
+        return rc;
+    r->populate_method = f.method;
+    r->threads_used = f.threads_used;
+    if (committing) {
+        pm_range range = {0, r->mapped_size, f.pinned, 0, f.register_chunks, f.register_chunk};
+        pm_range_add(e, &range);
+    }
+    if (f.pinned == PINMEM_PINNED_CUDA_REGISTER)
+        e->cuda = cuda;
+    if (e->dontfork && f.pinned == PINMEM_PINNED_NONE) {
         madvise(r->addr, r->mapped_size, MADV_DOFORK);
         e->dontfork = 0;
     }
+    pm_entry_totals(e);
     return PINMEM_OK;
 }
 
@@ -479,6 +500,14 @@ static int pm_alloc_cuda_host(const pinmem_alloc_params *p, const pm_cuda_api *c
     e->pid = getpid();
     e->dontfork = 1; /* the driver's own mapping; never ours to touch in a child */
     e->cuda = cuda;
+    pm_range range = {0, r->mapped_size, PINMEM_PINNED_CUDA_ALLOC, 0, 0, 0};
+    if (pm_ranges_reserve(e, 1) != 0) {
+        cuda->free_host(ptr);
+        free(e);
+        return pm_fail(PINMEM_ENOMEM, ENOMEM, "out of memory for the registry entry");
+    }
+    pm_range_add(e, &range);
+    pm_entry_totals(e);
     pm_registry_add(e);
     *out = *r;
     return PINMEM_OK;
@@ -661,7 +690,7 @@ PINMEM_API int pinmem_alloc(const pinmem_alloc_params *p, pinmem_region *out)
     }
 
     /* 3. Populate and pin. */
-    int rc = pm_finish(e, plan, cuda, p->populate, p->threads, 0);
+    int rc = pm_finish(e, plan, cuda, p->populate, p->threads, PM_TOUCH_ZERO);
     if (rc != PINMEM_OK) {
         pm_discard(e);
         return rc;
@@ -753,7 +782,7 @@ PINMEM_API int pinmem_shm_attach(const char *name, size_t size, int pin, int pop
     e->shm_dev = st.st_dev;
     e->shm_ino = st.st_ino;
     e->pid = getpid();
-    rc = pm_finish(e, plan, cuda, populate, 0, 1);
+    rc = pm_finish(e, plan, cuda, populate, 0, PM_TOUCH_READ);
     if (rc != PINMEM_OK) {
         pm_discard(e); /* not the owner: the name is left alone */
         return rc;
@@ -826,12 +855,19 @@ PINMEM_API int pinmem_free(void *addr)
         pm_entry_destroy(e);
         return PINMEM_OK;
     }
-    if (r->pinned == PINMEM_PINNED_CUDA_REGISTER) {
+    if (r->register_chunks > 0) {
+        /* Every chunk of every committed range, each exactly once. */
         int failed = 0, first = 0;
-        for (int i = 0; i < r->register_chunks; i++) {
-            int rc = e->cuda->host_unregister((char *)addr + (size_t)i * e->register_chunk);
-            if (rc != 0 && failed++ == 0)
-                first = rc;
+        for (size_t k = 0; k < e->range_count; k++) {
+            const pm_range *g = &e->ranges[k];
+            if (g->pinned != PINMEM_PINNED_CUDA_REGISTER || g->pending)
+                continue;
+            for (int i = 0; i < g->register_chunks; i++) {
+                char *base = (char *)addr + g->offset + (size_t)i * g->register_chunk;
+                int rc = e->cuda->host_unregister(base);
+                if (rc != 0 && failed++ == 0)
+                    first = rc;
+            }
         }
         if (failed) {
             char msg[256];

@@ -63,12 +63,22 @@ PM_HIDDEN int pm_mbind(void *addr, size_t len, int node, int *bound);
 
 /* ---- populate.c ---- */
 
-/* Populate [addr, addr+len) with up to threads threads.  preserve: never
- * write (for memory that may hold data).  lock: mlock the range once it is
+/* How the first-touch fallback of pm_populate faults a page in. */
+enum pm_touch {
+    PM_TOUCH_ZERO = 0, /* write a zero: fresh memory only */
+    PM_TOUCH_READ = 1, /* read: never writes (shared memory that holds data) */
+    PM_TOUCH_KEEP = 2, /* atomic compare-and-swap of the byte with itself: a
+                        * write fault that keeps the contents, even against
+                        * concurrent writers (commits of private memory) */
+};
+
+/* Populate [addr, addr+len) with up to threads threads.  preserve: a
+ * pm_touch, used where MADV_POPULATE_WRITE is unavailable (that never
+ * changes contents).  lock: mlock the range once it is
  * resident -- each thread its own chunk when lock_in_threads, else one
  * call at the end; *lock_errno receives the first mlock failure (0 if
  * none). */
-PM_HIDDEN int pm_populate(void *addr, size_t len, size_t page, int threads, int preserve,
+PM_HIDDEN int pm_populate(void *addr, size_t len, size_t page, int threads, int touch,
                           int lock, int lock_in_threads, int *method, int *threads_used,
                           int *lock_errno);
 
@@ -93,15 +103,57 @@ PM_HIDDEN void pm_cuda_clear_error(const pm_cuda_api *api);
 /* Fill the CUDA part of the probe. */
 PM_HIDDEN void pm_cuda_probe(pinmem_caps *caps);
 
+/* ---- alloc.c: populate and pin one range ---- */
+
+enum pm_plan {
+    PM_PLAN_NONE,
+    PM_PLAN_MLOCK_SOFT, /* try mlock, report "none" when refused */
+    PM_PLAN_MLOCK,      /* mlock or fail */
+    PM_PLAN_CUDA_ALLOC,
+    PM_PLAN_CUDA_REGISTER,
+};
+
+/* What pm_fill_range did. */
+typedef struct pm_fill {
+    int pinned;             /* pinmem_pinned */
+    int method;             /* pinmem_populate_method */
+    int threads_used;
+    int register_chunks;    /* cudaHostRegister calls (CUDA_REGISTER only) */
+    size_t register_chunk;  /* bytes per call */
+} pm_fill;
+
+/* Populate (when populate or the plan pins) and pin [addr, addr+len) of a
+ * mapping with pages of page bytes (hugetlb: 2 MiB pages, mlocked after
+ * populating) per plan, a pm_plan other than CUDA_ALLOC.  On failure
+ * nothing of the range stays locked or registered. */
+PM_HIDDEN int pm_fill_range(char *addr, size_t len, size_t page, int hugetlb, int plan,
+                            const pm_cuda_api *cuda, int populate, int threads, int touch,
+                            pm_fill *out);
+
 /* ---- registry.c ---- */
+
+/* One committed range of a mapping: what the allocation populated or
+ * pinned (offset 0, the whole mapping), or one pinmem_commit. */
+typedef struct pm_range {
+    size_t offset;
+    size_t len;
+    int pinned;             /* pinmem_pinned; a pending range: what it aims for */
+    int pending;            /* a commit is still working on it (not counted) */
+    int register_chunks;    /* cudaHostRegister calls at offset + i * register_chunk */
+    size_t register_chunk;
+} pm_range;
 
 typedef struct pm_entry {
     struct pm_entry *next;
     pinmem_region region;
     pid_t pid;              /* process that created the entry */
     int dontfork;           /* MADV_DONTFORK applied (or CUDA host memory) */
-    size_t register_chunk;  /* bytes per cudaHostRegister call */
     const pm_cuda_api *cuda;/* runtime that pinned it (NULL if none) */
+    pm_range *ranges;       /* committed ranges, unordered, never overlapping */
+    size_t range_count;
+    size_t range_cap;
+    int busy;               /* commits in progress: the entry stays registered */
+    int freeing;            /* a free is waiting for busy to reach 0 */
     int shm_unlink_on_free; /* creator unlinks on free */
     int shm_name_released;  /* creator already unlinked (or gave up) the name */
     char *shm_name;         /* malloc'ed copy, NULL for anonymous */
@@ -110,9 +162,20 @@ typedef struct pm_entry {
 } pm_entry;
 
 PM_HIDDEN void pm_registry_add(pm_entry *entry);
-/* Unlink and return the entry whose base is addr, or NULL. */
+/* Unlink and return the entry whose base is addr, or NULL (also when
+ * another free is taking it).  Waits while commits hold the entry. */
 PM_HIDDEN pm_entry *pm_registry_take(void *addr);
-/* Copy the entry for addr under the lock; 0 if found. */
+/* Run fn on the entry for addr with the registry locked; when fn returns
+ * PINMEM_OK the entry is held (it stays registered, a free waits) and
+ * *held receives it.  Returns fn's status, -1 if addr is not a live
+ * mapping, -2 if it is being freed. */
+PM_HIDDEN int pm_registry_hold(void *addr, int (*fn)(pm_entry *, void *), void *arg,
+                               pm_entry **held);
+/* Run fn (if not NULL) on a held entry with the registry locked, then drop
+ * the hold and wake a free waiting for it. */
+PM_HIDDEN void pm_registry_unhold(pm_entry *entry, void (*fn)(pm_entry *, void *), void *arg);
+/* Copy the entry for addr under the lock; 0 if found.  The copy owns
+ * nothing (no name, no ranges). */
 PM_HIDDEN int pm_registry_get(void *addr, pm_entry *copy);
 /* The entry containing addr (not at its base): its base, or NULL. */
 PM_HIDDEN void *pm_registry_containing(void *addr);
@@ -120,5 +183,18 @@ PM_HIDDEN void pm_registry_stats(size_t *count, size_t *bytes, size_t *cuda_coun
 /* Run fn on the entry for addr with the registry locked; -1 if absent. */
 PM_HIDDEN int pm_registry_with(void *addr, int (*fn)(pm_entry *, void *), void *arg);
 PM_HIDDEN void pm_entry_destroy(pm_entry *entry);
+
+/* Ranges of an entry (registry locked, or the entry not registered). */
+/* Make room for extra more ranges; 0 on success, -1 out of memory. */
+PM_HIDDEN int pm_ranges_reserve(pm_entry *entry, size_t extra);
+/* Append a range (room reserved first); return it. */
+PM_HIDDEN pm_range *pm_range_add(pm_entry *entry, const pm_range *range);
+/* The range starting at offset, or NULL. */
+PM_HIDDEN pm_range *pm_range_at(pm_entry *entry, size_t offset);
+PM_HIDDEN void pm_range_remove(pm_entry *entry, pm_range *range);
+/* The first range overlapping [offset, offset+len), or NULL. */
+PM_HIDDEN const pm_range *pm_range_overlap(const pm_entry *entry, size_t offset, size_t len);
+/* Recompute region.committed_bytes, pinned_bytes, pinned, register_chunks. */
+PM_HIDDEN void pm_entry_totals(pm_entry *entry);
 
 #endif /* PINMEM_INTERNAL_H */

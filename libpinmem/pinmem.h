@@ -20,6 +20,8 @@
  *   - 2 MiB hugetlb pages and transparent hugepages;
  *   - POSIX shared memory that other processes attach to by name;
  *   - parallel population of fresh mappings;
+ *   - incremental commit of a reserved mapping: make one range after
+ *     another resident and pinned without ever moving the mapping;
  *   - frees that match the kind of each mapping, driven by a registry, so a
  *     double free or a stray pointer is a status, never a crash;
  *   - a capability probe.
@@ -47,7 +49,7 @@ extern "C" {
 
 /* PINMEM_CDEF_BEGIN */
 
-#define PINMEM_VERSION 1
+#define PINMEM_VERSION 2
 #define PINMEM_MAX_NUMA_NODES 1024
 #define PINMEM_MAX_HUGEPAGE_SIZES 8
 #define PINMEM_PATH_MAX 512
@@ -68,7 +70,7 @@ typedef enum pinmem_status {
     PINMEM_EMLOCK = 11,         /* mlock was asked for and refused */
     PINMEM_EPERM = 12,          /* the operating system refused (permissions) */
     PINMEM_ESYS = 13,           /* another operating-system call failed */
-    PINMEM_EBUSY = 14,          /* the operation needs no live CUDA mappings */
+    PINMEM_EBUSY = 14,          /* in use: CUDA mappings live, or a commit in progress */
     PINMEM_ETOO_LARGE = 15,     /* size beyond what the machine can map or hold */
     PINMEM_STATUS_COUNT = 16
 } pinmem_status;
@@ -200,7 +202,17 @@ typedef struct pinmem_region {
     int threads_used;       /* threads that populated it */
     int register_chunks;    /* cudaHostRegister calls behind it (0 if none) */
     size_t page_size;       /* page size in use */
+    size_t committed_bytes; /* bytes made resident by the allocation (populate or
+                             * pin: all of mapped_size) or by pinmem_commit */
+    size_t pinned_bytes;    /* of those, bytes pinned (mlock, CUDA) */
 } pinmem_region;
+/* pinned describes the whole mapping: it names a pinning only when
+ * pinned_bytes == mapped_size, and then the weakest one any part got
+ * (mlock < cuda-alloc < cuda-register); a partly committed or partly
+ * pinned mapping reports PINMEM_PINNED_NONE, with committed_bytes and
+ * pinned_bytes saying how far it got.  populate_method and threads_used
+ * describe the most recent population (the allocation's, or the last
+ * commit's). */
 
 typedef struct pinmem_hugepage_pool {
     uint64_t page_size_kib;
@@ -269,8 +281,54 @@ PINMEM_API int pinmem_shm_name_check(const char *name);
  * to the segment it created).  *unlinked is set to 1 when it did. */
 PINMEM_API int pinmem_shm_release_name(void *addr, int *unlinked);
 
-/* Free a mapping by its base address, the way its kind requires. */
+/* Free a mapping by its base address, the way its kind requires.  A free
+ * that meets commits in progress on the mapping (pinmem_commit in other
+ * threads) waits for them to finish, then frees; meanwhile new commits and
+ * other frees of addr fail with PINMEM_EUNKNOWN_PTR. */
 PINMEM_API int pinmem_free(void *addr);
+
+/* Commit [offset, offset+len) of the live mapping whose base is addr: make
+ * the range resident with the parallel populate machinery (threads 0 = the
+ * option default; MADV_POPULATE_WRITE, else one atomic write per page that
+ * keeps the byte it finds, so the contents of the range never change) and
+ * pin it per pin, a pinmem_pin_mode:
+ *   PINMEM_PIN_AUTO           cudaHostRegister when a runtime and a device
+ *                             are usable, else mlock if allowed, else none;
+ *   PINMEM_PIN_NONE           resident only;
+ *   PINMEM_PIN_MLOCK          mlock, or fail with PINMEM_EMLOCK;
+ *   PINMEM_PIN_CUDA_REGISTER  cudaHostRegister in chunks of at most the
+ *                             PINMEM_OPT_REGISTER_CHUNK option, or
+ *                             PINMEM_ENO_CUDA without CUDA;
+ *   (PINMEM_PIN_CUDA_ALLOC cannot pin a range: PINMEM_EINVAL).
+ * *pinned (may be NULL) receives how the range ended up pinned, a
+ * pinmem_pinned (AUTO may end as PINMEM_PINNED_NONE; it is never claimed
+ * when not done).  The mapping never moves: a lazily growing pool reserves
+ * it with pin NONE and populate 0, then commits step by step.
+ *
+ * Rules:
+ *   - addr must be the base of a live mapping (else PINMEM_EUNKNOWN_PTR);
+ *     offset and len must be multiples of its page size (2 MiB for
+ *     hugetlb), len > 0, offset + len <= mapped_size (else PINMEM_EINVAL,
+ *     the detail naming the values and the limit).
+ *   - A range may be committed once: overlapping a committed range is
+ *     PINMEM_EINVAL, and a mapping that was populated or pinned when
+ *     allocated counts as committed whole (so does cudaHostAlloc memory);
+ *     overlapping a commit still in progress in another thread is
+ *     PINMEM_EBUSY.  A failed commit leaves its range uncommitted (pages
+ *     may stay resident, never locked or registered), so it can be retried.
+ *   - Each commit's CUDA chunks are recorded with the mapping, and
+ *     pinmem_free unregisters every one of them exactly once; a
+ *     cudaHostRegister failing part-way unregisters the chunks of that
+ *     commit and leaves earlier commits alone.
+ *   - The registry lock is not held while populating or pinning: commits of
+ *     disjoint ranges of one mapping may run in parallel, and queries run
+ *     meanwhile (they count finished commits only).  pinmem_free of the
+ *     mapping waits for commits in progress (see pinmem_free).
+ *   - The first pinning commit of a private mapping marks the whole
+ *     mapping MADV_DONTFORK (as pinning at allocation does): children
+ *     forked afterwards do not inherit it. */
+PINMEM_API int pinmem_commit(void *addr, size_t offset, size_t len, int pin, int threads,
+                             int *pinned);
 
 /* Describe the live mapping whose base is addr. */
 PINMEM_API int pinmem_query(void *addr, pinmem_region *out);
@@ -306,7 +364,7 @@ PINMEM_API int pinmem_option_set(int option, int64_t value);
 
 /* Choose the CUDA runtime again: path NULL = discovery (KVPOOL_CUDART, then
  * an already loaded libcudart, then the usual sonames); "" = no CUDA.
- * PINMEM_EBUSY while CUDA-pinned mappings are live. */
+ * PINMEM_EBUSY while CUDA-pinned mappings (or CUDA commits) are live. */
 PINMEM_API int pinmem_cuda_reload(const char *path);
 
 /* PINMEM_CDEF_END */

@@ -21,7 +21,7 @@ typedef struct pm_pop_task {
     size_t len;
     size_t page;
     int use_madvise;
-    int preserve;
+    int touch;      /* pm_touch */
     int lock;
     int method;     /* out: pinmem_populate_method */
     int err;        /* out: errno of a failed populate, 0 if fine */
@@ -31,12 +31,23 @@ typedef struct pm_pop_task {
 static void pm_touch(pm_pop_task *t)
 {
     char *end = t->start + t->len;
-    if (t->preserve) {
+    if (t->touch == PM_TOUCH_READ) {
         /* Read faults leave contents alone (shared memory with data in it). */
         volatile char sink = 0;
         for (char *p = t->start; p < end; p += t->page)
             sink ^= *(volatile char *)p;
         (void)sink;
+    } else if (t->touch == PM_TOUCH_KEEP) {
+        /* A read fault of private memory maps the shared zero page, which
+         * is not memory of our own; a compare-and-swap of a byte with
+         * itself is a write fault that changes nothing, and never loses a
+         * concurrent writer's byte (a plain read-then-write could). */
+        for (char *p = t->start; p < end; p += t->page) {
+            char seen = __atomic_load_n(p, __ATOMIC_RELAXED);
+            while (!__atomic_compare_exchange_n(p, &seen, seen, 0, __ATOMIC_RELAXED,
+                                                __ATOMIC_RELAXED))
+                ;
+        }
     } else {
         for (char *p = t->start; p < end; p += t->page)
             *(volatile char *)p = 0;
@@ -50,7 +61,7 @@ static void *pm_pop_worker(void *arg)
     t->err = 0;
     t->lock_err = 0;
     if (t->use_madvise) {
-        /* POPULATE_WRITE never changes contents, so it suits preserve too. */
+        /* POPULATE_WRITE never changes contents, so it suits every touch mode. */
         if (madvise(t->start, t->len, MADV_POPULATE_WRITE) == 0) {
             t->method = PINMEM_POPULATE_MADVISE;
         } else if (errno == EINVAL) {
@@ -67,7 +78,7 @@ static void *pm_pop_worker(void *arg)
     return NULL;
 }
 
-int pm_populate(void *addr, size_t len, size_t page, int threads, int preserve, int lock,
+int pm_populate(void *addr, size_t len, size_t page, int threads, int touch, int lock,
                 int lock_in_threads, int *method, int *threads_used, int *lock_errno)
 {
     if (threads <= 0)
@@ -120,7 +131,7 @@ int pm_populate(void *addr, size_t len, size_t page, int threads, int preserve, 
         t->len = len - off < chunk ? len - off : chunk;
         t->page = page;
         t->use_madvise = use_madvise;
-        t->preserve = preserve;
+        t->touch = touch;
         t->lock = in_threads;
         t->method = PINMEM_POPULATE_NONE;
         t->err = 0;
@@ -185,7 +196,8 @@ PINMEM_API int pinmem_populate(void *addr, size_t len, int threads, int *method,
                        page);
     if (threads < 0)
         return pm_fail(PINMEM_EINVAL, 0, "threads must be >= 0 (0 = default), got %d", threads);
-    return pm_populate(addr, len, page, threads, 0, 0, 0, method, threads_used, NULL);
+    return pm_populate(addr, len, page, threads, PM_TOUCH_ZERO, 0, 0, method, threads_used,
+                       NULL);
 }
 
 PINMEM_API int pinmem_resident_bytes(void *addr, size_t len, size_t *resident)

@@ -23,7 +23,7 @@ static const char *const pm_status_text[PINMEM_STATUS_COUNT] = {
     [PINMEM_EMLOCK] = "mlock refused",
     [PINMEM_EPERM] = "operation not permitted",
     [PINMEM_ESYS] = "system call failed",
-    [PINMEM_EBUSY] = "busy: CUDA-pinned mappings are live",
+    [PINMEM_EBUSY] = "busy: CUDA-pinned mappings are live, or a commit is in progress",
     [PINMEM_ETOO_LARGE] = "size too large for this machine",
 };
 

@@ -9,6 +9,8 @@
  *   KVPOOL_FAKE_CUDA_MAX_REGISTER_BYTES registrations larger than this fail,
  *                                       as one of >= 512 GiB does on real drivers
  *   KVPOOL_FAKE_CUDA_FAIL_ALLOC         1: cudaHostAlloc fails
+ *   KVPOOL_FAKE_CUDA_REGISTER_DELAY_MS  cudaHostRegister sleeps this long
+ *                                       first (to catch it in progress)
  *
  * It is a test fixture, not a model of the driver: it only checks what
  * libpinmem must get right (ranges mapped, no overlapping registration,
@@ -151,8 +153,15 @@ EXPORT int cudaHostRegister(void *p, size_t size, unsigned int flags)
 {
     (void)flags;
     char *c = p;
+    long delay_ms = env_long("KVPOOL_FAKE_CUDA_REGISTER_DELAY_MS", 0);
     pthread_mutex_lock(&lock);
     int call = ++register_calls;
+    if (delay_ms > 0) {
+        /* Counted first, so a test sees the call begin, then sleep unlocked. */
+        pthread_mutex_unlock(&lock);
+        usleep((useconds_t)(delay_ms * 1000));
+        pthread_mutex_lock(&lock);
+    }
     long fail_n = env_long("KVPOOL_FAKE_CUDA_FAIL_REGISTER_N", 0);
     long max = env_long("KVPOOL_FAKE_CUDA_MAX_REGISTER_BYTES", 0);
     int rc = ERR_SUCCESS;

@@ -16,6 +16,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "../pinmem.h"
@@ -86,6 +87,30 @@ static size_t locked_bytes(void *addr, size_t len)
     }
     fclose(f);
     return total;
+}
+
+static size_t resident_range(void *addr, size_t len)
+{
+    size_t bytes = 0;
+    if (pinmem_resident_bytes(addr, len, &bytes) != PINMEM_OK)
+        return (size_t)-1;
+    return bytes;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* A reservation: mapped, nothing resident, nothing pinned. */
+static int reserve(size_t size, int hugepages, pinmem_region *r)
+{
+    pinmem_alloc_params p = params(size);
+    p.populate = 0;
+    p.hugepages = hugepages;
+    return pinmem_alloc(&p, r);
 }
 
 static size_t live_count(void)
@@ -469,7 +494,475 @@ static void test_fork_child_free(void)
     CHECK(pinmem_free(r.addr) == PINMEM_OK, "parent free");
 }
 
+
+/* ------------------------------------------------------------- commit */
+
+static void test_commit_steps(void)
+{
+    pinmem_region r, q;
+    CHECK(reserve(64 * MIB, PINMEM_HUGE_NEVER, &r) == PINMEM_OK, "reserve");
+    CHECK(r.committed_bytes == 0 && r.pinned_bytes == 0 && r.pinned == PINMEM_PINNED_NONE,
+          "fresh reservation: committed %zu pinned %zu", r.committed_bytes, r.pinned_bytes);
+    CHECK(resident_range(r.addr, r.mapped_size) == 0, "nothing resident");
+    /* A byte written before its range is committed survives the commit
+     * (the write faults in one page, or a 2 MiB one where THP is always). */
+    ((volatile char *)r.addr)[40 * MIB + 5] = 0x5A;
+    size_t early = resident_range((char *)r.addr + 32 * MIB, 16 * MIB);
+    CHECK(early > 0 && early <= 2 * MIB, "early fault %zu", early);
+    int pin = PINMEM_PIN_MLOCK;
+    for (size_t i = 0; i < 4; i++) {
+        size_t off = i * 16 * MIB;
+        int how = -1;
+        int rc = pinmem_commit(r.addr, off, 16 * MIB, pin, 2, &how);
+        if (i == 0 && rc == PINMEM_EMLOCK) {
+            printf("skip commit with mlock: refused here; committing unpinned\n");
+            pin = PINMEM_PIN_NONE;
+            rc = pinmem_commit(r.addr, off, 16 * MIB, pin, 2, &how);
+        }
+        CHECK(rc == PINMEM_OK, "step %zu rc %d", i, rc);
+        int want = pin == PINMEM_PIN_MLOCK ? PINMEM_PINNED_MLOCK : PINMEM_PINNED_NONE;
+        CHECK(how == want, "step %zu pinned %d", i, how);
+        CHECK(resident_range((char *)r.addr + off, 16 * MIB) == 16 * MIB, "step %zu resident",
+              i);
+        size_t done = (i + 1) * 16 * MIB;
+        size_t all = resident_range(r.addr, r.mapped_size);
+        size_t ahead = i < 2 ? early : 0;
+        CHECK(all == done + ahead, "step %zu: %zu resident, want %zu", i, all, done + ahead);
+        if (pin == PINMEM_PIN_MLOCK)
+            CHECK(locked_bytes(r.addr, r.mapped_size) == done, "step %zu locked %zu", i,
+                  locked_bytes(r.addr, r.mapped_size));
+        CHECK(pinmem_query(r.addr, &q) == PINMEM_OK && q.committed_bytes == done, "committed %zu",
+              q.committed_bytes);
+        CHECK(q.pinned_bytes == (pin == PINMEM_PIN_MLOCK ? done : 0), "pinned_bytes %zu",
+              q.pinned_bytes);
+        /* Pinned names the whole mapping: only once all of it is. */
+        CHECK(q.pinned == (i == 3 ? want : PINMEM_PINNED_NONE), "step %zu region pinned %d", i,
+              q.pinned);
+        CHECK(q.addr == r.addr, "never moves");
+        memset((char *)r.addr + off, (int)i + 1, 4096);
+    }
+    CHECK(((volatile char *)r.addr)[40 * MIB + 5] == 0x5A, "contents kept by the commit");
+    for (size_t i = 0; i < 4; i++)
+        CHECK(((char *)r.addr)[i * 16 * MIB + 100] == (char)(i + 1), "data of step %zu", i);
+    CHECK(q.populate_method == PINMEM_POPULATE_MADVISE ||
+              q.populate_method == PINMEM_POPULATE_FIRST_TOUCH,
+          "method %d", q.populate_method);
+    CHECK(pinmem_free(r.addr) == PINMEM_OK, "free");
+}
+
+static void test_commit_first_touch_keeps_contents(void)
+{
+    pinmem_option_set(PINMEM_OPT_USE_POPULATE_WRITE, 0);
+    pinmem_region r, q;
+    CHECK(reserve(8 * MIB, PINMEM_HUGE_NEVER, &r) == PINMEM_OK, "reserve");
+    unsigned char *b = r.addr;
+    for (size_t i = 0; i < 4 * MIB; i += 64 * 1024 + 17)
+        b[i] = (unsigned char)(i % 251 + 1);
+    int how = -1;
+    CHECK(pinmem_commit(r.addr, 0, 8 * MIB, PINMEM_PIN_NONE, 2, &how) == PINMEM_OK, "commit");
+    CHECK(how == PINMEM_PINNED_NONE, "pinned %d", how);
+    CHECK(pinmem_query(r.addr, &q) == PINMEM_OK &&
+              q.populate_method == PINMEM_POPULATE_FIRST_TOUCH,
+          "method %d", q.populate_method);
+    CHECK(resident_range(r.addr, r.mapped_size) == r.mapped_size, "resident");
+    int kept = 1;
+    for (size_t i = 0; i < 4 * MIB; i += 64 * 1024 + 17)
+        kept &= b[i] == (unsigned char)(i % 251 + 1);
+    CHECK(kept, "first touch kept the contents");
+    CHECK(b[5 * MIB] == 0, "untouched pages read zero");
+    pinmem_free(r.addr);
+    pinmem_option_set(PINMEM_OPT_USE_POPULATE_WRITE, 1);
+}
+
+static void test_commit_bad_input(void)
+{
+    pinmem_region r, q;
+    int x = 0, how = -1;
+    CHECK(pinmem_commit(NULL, 0, 4096, PINMEM_PIN_NONE, 0, &how) == PINMEM_EUNKNOWN_PTR, "NULL");
+    CHECK(pinmem_commit(&x, 0, 4096, PINMEM_PIN_NONE, 0, &how) == PINMEM_EUNKNOWN_PTR, "stack");
+    CHECK(strstr(pinmem_last_detail(), "not a live mapping") != NULL, "detail");
+    CHECK(reserve(16 * MIB, PINMEM_HUGE_NEVER, &r) == PINMEM_OK, "reserve");
+    char *a = r.addr;
+    CHECK(pinmem_commit(a + 4096, 0, 4096, PINMEM_PIN_NONE, 0, &how) == PINMEM_EUNKNOWN_PTR,
+          "interior");
+    CHECK(strstr(pinmem_last_detail(), "inside the mapping") != NULL, "interior detail");
+    CHECK(pinmem_commit(a, 0, 0, PINMEM_PIN_NONE, 0, &how) == PINMEM_EINVAL, "len 0");
+    CHECK(pinmem_commit(a, 100, 4096, PINMEM_PIN_NONE, 0, &how) == PINMEM_EINVAL, "offset");
+    CHECK(strstr(pinmem_last_detail(), "offset 100") != NULL &&
+              strstr(pinmem_last_detail(), "page size 4096") != NULL,
+          "detail names the values");
+    CHECK(pinmem_commit(a, 0, 5000, PINMEM_PIN_NONE, 0, &how) == PINMEM_EINVAL, "length");
+    CHECK(pinmem_commit(a, 16 * MIB, 4096, PINMEM_PIN_NONE, 0, &how) == PINMEM_EINVAL, "at end");
+    CHECK(strstr(pinmem_last_detail(), "mapped size is 16.00 MiB") != NULL, "names the limit");
+    CHECK(pinmem_commit(a, 12 * MIB, 8 * MIB, PINMEM_PIN_NONE, 0, &how) == PINMEM_EINVAL,
+          "past the end");
+    size_t huge = SIZE_MAX / 4096 * 4096;
+    CHECK(pinmem_commit(a, 8 * MIB, huge, PINMEM_PIN_NONE, 0, &how) == PINMEM_ETOO_LARGE,
+          "absurd length");
+    CHECK(pinmem_commit(a, huge, 4096, PINMEM_PIN_NONE, 0, &how) == PINMEM_EINVAL,
+          "offset + len wraps");
+    CHECK(pinmem_commit(a, 0, 4096, PINMEM_PIN_CUDA_ALLOC, 0, &how) == PINMEM_EINVAL,
+          "cuda-alloc");
+    CHECK(strstr(pinmem_last_detail(), "cuda-register") != NULL, "names the alternative");
+    CHECK(pinmem_commit(a, 0, 4096, 42, 0, &how) == PINMEM_EINVAL, "pin 42");
+    CHECK(pinmem_commit(a, 0, 4096, PINMEM_PIN_NONE, -1, &how) == PINMEM_EINVAL, "threads -1");
+    CHECK(pinmem_commit(a, 0, 4096, PINMEM_PIN_CUDA_REGISTER, 0, &how) == PINMEM_ENO_CUDA,
+          "no cuda");
+    CHECK(pinmem_query(a, &q) == PINMEM_OK && q.committed_bytes == 0, "failures commit nothing");
+    CHECK(resident_range(a, r.mapped_size) == 0, "failures populate nothing");
+
+    /* A range is committed once. */
+    CHECK(pinmem_commit(a, 4 * MIB, 4 * MIB, PINMEM_PIN_NONE, 1, NULL) == PINMEM_OK,
+          "pinned may be NULL");
+    CHECK(pinmem_commit(a, 4 * MIB, 4 * MIB, PINMEM_PIN_NONE, 1, &how) == PINMEM_EINVAL, "again");
+    CHECK(strstr(pinmem_last_detail(), "committed before") != NULL, "overlap detail");
+    CHECK(pinmem_commit(a, 0, 8 * MIB, PINMEM_PIN_NONE, 1, &how) == PINMEM_EINVAL, "covers");
+    CHECK(pinmem_commit(a, 6 * MIB, 4 * MIB, PINMEM_PIN_NONE, 1, &how) == PINMEM_EINVAL, "tail");
+    CHECK(pinmem_commit(a, 0, 4 * MIB, PINMEM_PIN_NONE, 1, &how) == PINMEM_OK, "adjacent below");
+    CHECK(pinmem_commit(a, 8 * MIB, 4096, PINMEM_PIN_NONE, 1, &how) == PINMEM_OK, "adjacent above");
+    CHECK(pinmem_query(a, &q) == PINMEM_OK && q.committed_bytes == 8 * MIB + 4096, "committed %zu",
+          q.committed_bytes);
+    CHECK(pinmem_free(a) == PINMEM_OK, "free");
+    CHECK(pinmem_commit(a, 12 * MIB, 4096, PINMEM_PIN_NONE, 0, &how) == PINMEM_EUNKNOWN_PTR,
+          "after free");
+
+    /* Populated (or pinned) at allocation: committed whole. */
+    pinmem_alloc_params p = params(4 * MIB);
+    CHECK(pinmem_alloc(&p, &r) == PINMEM_OK, "populated alloc");
+    CHECK(r.committed_bytes == r.mapped_size && r.pinned_bytes == 0, "committed whole");
+    CHECK(pinmem_commit(r.addr, 0, 4096, PINMEM_PIN_MLOCK, 0, &how) == PINMEM_EINVAL,
+          "populated mapping");
+    CHECK(strstr(pinmem_last_detail(), "committed whole") != NULL, "explains");
+    pinmem_free(r.addr);
+}
+
+static void test_commit_mlock_refused(void)
+{
+    pinmem_region r, q;
+    CHECK(reserve(8 * MIB, PINMEM_HUGE_NEVER, &r) == PINMEM_OK, "reserve");
+    pinmem_option_set(PINMEM_OPT_FAKE_MLOCK_EPERM, 1);
+    int how = -1;
+    CHECK(pinmem_commit(r.addr, 0, 4 * MIB, PINMEM_PIN_MLOCK, 0, &how) == PINMEM_EMLOCK,
+          "explicit mlock refused");
+    CHECK(strstr(pinmem_last_detail(), "memlock limit") != NULL &&
+              strstr(pinmem_last_detail(), "commit of [0, 4194304)") != NULL,
+          "detail names the limit and the range");
+    CHECK(pinmem_query(r.addr, &q) == PINMEM_OK && q.committed_bytes == 0, "nothing committed");
+    CHECK(locked_bytes(r.addr, r.mapped_size) == 0, "nothing locked");
+    CHECK(pinmem_commit(r.addr, 0, 4 * MIB, PINMEM_PIN_AUTO, 0, &how) == PINMEM_OK &&
+              how == PINMEM_PINNED_NONE,
+          "auto degrades: pinned %d", how);
+    CHECK(pinmem_query(r.addr, &q) == PINMEM_OK && q.committed_bytes == 4 * MIB &&
+              q.pinned_bytes == 0,
+          "committed, unpinned");
+    CHECK(resident_range(r.addr, 4 * MIB) == 4 * MIB, "resident");
+    pinmem_option_set(PINMEM_OPT_FAKE_MLOCK_EPERM, 0);
+    int rc = pinmem_commit(r.addr, 4 * MIB, 4 * MIB, PINMEM_PIN_AUTO, 0, &how);
+    CHECK(rc == PINMEM_OK, "auto rc %d", rc);
+    if (how == PINMEM_PINNED_MLOCK)
+        CHECK(locked_bytes(r.addr, r.mapped_size) == 4 * MIB, "only the second half locked");
+    CHECK(pinmem_query(r.addr, &q) == PINMEM_OK && q.pinned == PINMEM_PINNED_NONE,
+          "half unpinned: region pinned %d", q.pinned);
+    pinmem_free(r.addr);
+}
+
+static void test_commit_hugetlb(void)
+{
+    int64_t total = -1, avail = -1;
+    if (pinmem_hugepages_2m(-1, &total, &avail) != PINMEM_OK || avail < 4) {
+        printf("skip commit of hugetlb: %lld free 2 MiB pages\n", (long long)avail);
+        return;
+    }
+    pinmem_region r, q;
+    pinmem_alloc_params p = params(8 * MIB);
+    p.hugepages = PINMEM_HUGE_REQUIRED;
+    p.populate = 0;
+    CHECK(pinmem_alloc(&p, &r) == PINMEM_OK && r.kind == PINMEM_KIND_HUGETLB, "hugetlb reserve");
+    if (r.kind != PINMEM_KIND_HUGETLB)
+        return;
+    int how = -1;
+    CHECK(pinmem_commit(r.addr, MIB, 2 * MIB, PINMEM_PIN_NONE, 0, &how) == PINMEM_EINVAL,
+          "1 MiB offset");
+    CHECK(strstr(pinmem_last_detail(), "2 MiB hugetlb") != NULL, "names the page size");
+    CHECK(pinmem_commit(r.addr, 0, 4096, PINMEM_PIN_NONE, 0, &how) == PINMEM_EINVAL, "4 KiB");
+    int rc = pinmem_commit(r.addr, 0, 4 * MIB, PINMEM_PIN_MLOCK, 2, &how);
+    CHECK(rc == PINMEM_OK || rc == PINMEM_EMLOCK, "mlock commit rc %d", rc);
+    if (rc == PINMEM_OK) {
+        /* smaps never shows hugetlb pages as Locked (the kernel does not
+         * mark hugetlb VMAs; their pages cannot be swapped anyway). */
+        CHECK(how == PINMEM_PINNED_MLOCK, "pinned %d", how);
+        CHECK(pinmem_query(r.addr, &q) == PINMEM_OK && q.pinned_bytes == 4 * MIB, "pinned %zu",
+              q.pinned_bytes);
+    } else {
+        CHECK(pinmem_commit(r.addr, 0, 4 * MIB, PINMEM_PIN_NONE, 2, &how) == PINMEM_OK, "none");
+    }
+    CHECK(resident_range(r.addr, r.mapped_size) == 4 * MIB, "half resident");
+    CHECK(pinmem_commit(r.addr, 6 * MIB, 2 * MIB, PINMEM_PIN_NONE, 0, &how) == PINMEM_OK, "last");
+    CHECK(pinmem_commit(r.addr, 4 * MIB, 2 * MIB, PINMEM_PIN_NONE, 0, &how) == PINMEM_OK, "gap");
+    CHECK(pinmem_query(r.addr, &q) == PINMEM_OK && q.committed_bytes == 8 * MIB, "all");
+    CHECK(q.pinned == PINMEM_PINNED_NONE, "half unpinned");
+    CHECK(resident_range(r.addr, r.mapped_size) == 8 * MIB, "resident");
+    CHECK(pattern_ok(&r), "pattern");
+    CHECK(pinmem_free(r.addr) == PINMEM_OK, "free");
+}
+
+typedef struct commit_arg {
+    void *addr;
+    size_t offset;
+    size_t len;
+    int pin;
+    pthread_barrier_t *barrier;
+    int rc;
+    int pinned;
+    double done_at;
+} commit_arg;
+
+static void *commit_thread(void *arg)
+{
+    commit_arg *c = arg;
+    if (c->barrier != NULL)
+        pthread_barrier_wait(c->barrier);
+    c->rc = pinmem_commit(c->addr, c->offset, c->len, c->pin, 1, &c->pinned);
+    c->done_at = now_s();
+    return NULL;
+}
+
+static void test_commit_threads(void)
+{
+    /* Disjoint ranges of one mapping, committed in parallel. */
+    pinmem_region r, q;
+    CHECK(reserve(32 * MIB, PINMEM_HUGE_NEVER, &r) == PINMEM_OK, "reserve");
+    pthread_t t[4];
+    commit_arg c[4];
+    pthread_barrier_t b;
+    pthread_barrier_init(&b, NULL, 4);
+    for (int i = 0; i < 4; i++) {
+        c[i] = (commit_arg){r.addr, (size_t)i * 8 * MIB, 8 * MIB, PINMEM_PIN_NONE, &b, -1, -1, 0};
+        pthread_create(&t[i], NULL, commit_thread, &c[i]);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(t[i], NULL);
+        CHECK(c[i].rc == PINMEM_OK, "thread %d rc %d", i, c[i].rc);
+    }
+    pthread_barrier_destroy(&b);
+    CHECK(pinmem_query(r.addr, &q) == PINMEM_OK && q.committed_bytes == 32 * MIB, "all four");
+    CHECK(resident_range(r.addr, r.mapped_size) == r.mapped_size, "resident");
+    pinmem_free(r.addr);
+
+    /* The same range from four threads: exactly one commits it. */
+    for (int round = 0; round < 10; round++) {
+        CHECK(reserve(4 * MIB, PINMEM_HUGE_NEVER, &r) == PINMEM_OK, "reserve");
+        pthread_barrier_init(&b, NULL, 4);
+        for (int i = 0; i < 4; i++) {
+            c[i] = (commit_arg){r.addr, 0, 4 * MIB, PINMEM_PIN_NONE, &b, -1, -1, 0};
+            pthread_create(&t[i], NULL, commit_thread, &c[i]);
+        }
+        int ok = 0, refused = 0;
+        for (int i = 0; i < 4; i++) {
+            pthread_join(t[i], NULL);
+            ok += c[i].rc == PINMEM_OK;
+            refused += c[i].rc == PINMEM_EINVAL || c[i].rc == PINMEM_EBUSY;
+        }
+        pthread_barrier_destroy(&b);
+        CHECK(ok == 1 && refused == 3, "same range: %d ok, %d refused", ok, refused);
+        CHECK(pinmem_query(r.addr, &q) == PINMEM_OK && q.committed_bytes == 4 * MIB, "once");
+        pinmem_free(r.addr);
+    }
+
+    /* A free racing a commit: both finish, nothing leaks or crashes. */
+    size_t before = live_count();
+    for (int round = 0; round < 10; round++) {
+        CHECK(reserve(16 * MIB, PINMEM_HUGE_NEVER, &r) == PINMEM_OK, "reserve");
+        pthread_barrier_init(&b, NULL, 2);
+        c[0] = (commit_arg){r.addr, 0, 16 * MIB, PINMEM_PIN_NONE, &b, -1, -1, 0};
+        pthread_create(&t[0], NULL, commit_thread, &c[0]);
+        pthread_barrier_wait(&b);
+        int rc = pinmem_free(r.addr);
+        pthread_join(t[0], NULL);
+        pthread_barrier_destroy(&b);
+        CHECK(rc == PINMEM_OK, "free rc %d", rc);
+        CHECK(c[0].rc == PINMEM_OK || c[0].rc == PINMEM_EUNKNOWN_PTR, "commit rc %d", c[0].rc);
+    }
+    CHECK(live_count() == before, "no leak");
+}
+
 typedef void (*stats_fn)(int *, int *, int *, int *, size_t *);
+
+typedef struct free_arg {
+    void *addr;
+    int started;
+    int rc;
+    double done_at;
+} free_arg;
+
+static void *free_thread(void *arg)
+{
+    free_arg *f = arg;
+    __atomic_store_n(&f->started, 1, __ATOMIC_RELEASE);
+    f->rc = pinmem_free(f->addr);
+    f->done_at = now_s();
+    return NULL;
+}
+
+/* Wait until the fake runtime has seen at least n cudaHostRegister calls. */
+static int wait_registers(stats_fn stats, int n)
+{
+    int lr, la, regs, unregs;
+    size_t largest;
+    for (int i = 0; i < 5000; i++) {
+        stats(&lr, &la, &regs, &unregs, &largest);
+        if (regs >= n)
+            return 1;
+        usleep(1000);
+    }
+    return 0;
+}
+
+static void test_commit_cuda(stats_fn stats, void (*reset)(void), void *h)
+{
+    int (*is_registered)(void *, size_t) = (int (*)(void *, size_t))dlsym(h,
+                                                                         "fake_cuda_is_registered");
+    int lr, la, regs, unregs, how = -1;
+    size_t largest;
+    pinmem_region r, q;
+    pinmem_option_set(PINMEM_OPT_REGISTER_CHUNK, (int64_t)4 * MIB);
+    reset();
+    CHECK(reserve(32 * MIB, PINMEM_HUGE_NEVER, &r) == PINMEM_OK, "reserve");
+    char *a = r.addr;
+    CHECK(pinmem_commit(a, 0, 12 * MIB, PINMEM_PIN_CUDA_REGISTER, 0, &how) == PINMEM_OK &&
+              how == PINMEM_PINNED_CUDA_REGISTER,
+          "register step: pinned %d", how);
+    CHECK(pinmem_commit(a, 12 * MIB, 8 * MIB, PINMEM_PIN_AUTO, 0, &how) == PINMEM_OK &&
+              how == PINMEM_PINNED_CUDA_REGISTER,
+          "auto registers: pinned %d", how);
+    stats(&lr, &la, &regs, &unregs, &largest);
+    CHECK(lr == 5 && regs == 5 && largest == 4 * MIB, "books: live %d calls %d largest %zu", lr,
+          regs, largest);
+    CHECK(is_registered(a + 12 * MIB, 4 * MIB) && is_registered(a + 16 * MIB, 4 * MIB),
+          "chunks start at the commit's offset");
+    CHECK(pinmem_query(a, &q) == PINMEM_OK && q.register_chunks == 5 &&
+              q.committed_bytes == 20 * MIB && q.pinned_bytes == 20 * MIB &&
+              q.pinned == PINMEM_PINNED_NONE,
+          "query: chunks %d committed %zu pinned %d", q.register_chunks, q.committed_bytes,
+          q.pinned);
+    CHECK(resident_range(a, 20 * MIB) == 20 * MIB, "resident");
+    CHECK(pinmem_cuda_reload(NULL) == PINMEM_EBUSY, "reload refused while ranges registered");
+
+    /* The second chunk of the next commit fails: its first chunk is rolled
+     * back, earlier commits stay. */
+    reset();
+    setenv("KVPOOL_FAKE_CUDA_FAIL_REGISTER_N", "2", 1);
+    int rc = pinmem_commit(a, 20 * MIB, 12 * MIB, PINMEM_PIN_CUDA_REGISTER, 0, &how);
+    unsetenv("KVPOOL_FAKE_CUDA_FAIL_REGISTER_N");
+    CHECK(rc == PINMEM_ENOMEM, "failing chunk rc %d", rc);
+    CHECK(strstr(pinmem_last_detail(), "chunk 2 of 3") != NULL &&
+              strstr(pinmem_last_detail(), "commit of [20971520, 33554432)") != NULL,
+          "detail names the chunk and the commit");
+    stats(&lr, &la, &regs, &unregs, &largest);
+    CHECK(lr == 5 && regs == 2 && unregs == 1, "rolled back: live %d calls %d unregs %d", lr,
+          regs, unregs);
+    CHECK(pinmem_query(a, &q) == PINMEM_OK && q.committed_bytes == 20 * MIB &&
+              q.register_chunks == 5,
+          "failed commit not recorded");
+    CHECK(pinmem_commit(a, 20 * MIB, 12 * MIB, PINMEM_PIN_CUDA_REGISTER, 0, &how) == PINMEM_OK,
+          "retry");
+    CHECK(pinmem_query(a, &q) == PINMEM_OK && q.pinned == PINMEM_PINNED_CUDA_REGISTER &&
+              q.register_chunks == 8 && q.pinned_bytes == 32 * MIB,
+          "whole mapping registered: pinned %d chunks %d", q.pinned, q.register_chunks);
+    reset();
+    CHECK(pinmem_free(a) == PINMEM_OK, "free");
+    stats(&lr, &la, &regs, &unregs, &largest);
+    CHECK(lr == 0 && unregs == 8, "every chunk unregistered once: live %d unregs %d", lr, unregs);
+
+    /* Mixed pinning: the weakest names the mapping. */
+    CHECK(reserve(8 * MIB, PINMEM_HUGE_NEVER, &r) == PINMEM_OK, "reserve");
+    CHECK(pinmem_commit(r.addr, 0, 4 * MIB, PINMEM_PIN_CUDA_REGISTER, 0, &how) == PINMEM_OK,
+          "register half");
+    rc = pinmem_commit(r.addr, 4 * MIB, 4 * MIB, PINMEM_PIN_MLOCK, 0, &how);
+    if (rc == PINMEM_OK)
+        CHECK(pinmem_query(r.addr, &q) == PINMEM_OK && q.pinned == PINMEM_PINNED_MLOCK &&
+                  q.pinned_bytes == 8 * MIB,
+              "mixed: pinned %d", q.pinned);
+    CHECK(pinmem_free(r.addr) == PINMEM_OK, "free mixed");
+    stats(&lr, &la, &regs, &unregs, &largest);
+    CHECK(lr == 0, "mixed unregistered: live %d", lr);
+
+    /* A mapping pinned with cudaHostAlloc is committed whole. */
+    pinmem_alloc_params p = params(MIB);
+    p.pin = PINMEM_PIN_CUDA_ALLOC;
+    CHECK(pinmem_alloc(&p, &r) == PINMEM_OK && r.committed_bytes == r.mapped_size &&
+              r.pinned_bytes == r.mapped_size,
+          "cuda-host committed whole");
+    CHECK(pinmem_commit(r.addr, 0, 4096, PINMEM_PIN_AUTO, 0, &how) == PINMEM_EINVAL,
+          "cuda-host commit");
+    pinmem_free(r.addr);
+
+    /* A free while a commit registers waits for it, then unregisters what
+     * it registered; meanwhile the range is busy and the mapping not yet
+     * committed. */
+    pinmem_option_set(PINMEM_OPT_REGISTER_CHUNK, (int64_t)16 * MIB);
+    CHECK(reserve(32 * MIB, PINMEM_HUGE_NEVER, &r) == PINMEM_OK, "reserve");
+    reset();
+    setenv("KVPOOL_FAKE_CUDA_REGISTER_DELAY_MS", "600", 1);
+    commit_arg c = {r.addr, 0, 16 * MIB, PINMEM_PIN_CUDA_REGISTER, NULL, -1, -1, 0};
+    pthread_t t, tf;
+    pthread_create(&t, NULL, commit_thread, &c);
+    CHECK(wait_registers(stats, 1), "the commit reached cudaHostRegister");
+    CHECK(pinmem_query(r.addr, &q) == PINMEM_OK && q.committed_bytes == 0, "pending not counted");
+    CHECK(pinmem_commit(r.addr, 8 * MIB, 16 * MIB, PINMEM_PIN_NONE, 0, &how) == PINMEM_EBUSY,
+          "overlapping a commit in progress");
+    CHECK(strstr(pinmem_last_detail(), "another thread") != NULL, "busy detail");
+    CHECK(pinmem_cuda_reload(NULL) == PINMEM_EBUSY, "no runtime swap mid-commit");
+    free_arg f = {r.addr, 0, -1, 0};
+    pthread_create(&tf, NULL, free_thread, &f);
+    while (!__atomic_load_n(&f.started, __ATOMIC_ACQUIRE))
+        usleep(1000);
+    usleep(100 * 1000); /* let the free reach its wait */
+    CHECK(pinmem_commit(r.addr, 16 * MIB, 16 * MIB, PINMEM_PIN_NONE, 0, &how) ==
+              PINMEM_EUNKNOWN_PTR,
+          "new commit while the free waits");
+    CHECK(strstr(pinmem_last_detail(), "being freed") != NULL, "being freed detail");
+    CHECK(pinmem_free(r.addr) == PINMEM_EUNKNOWN_PTR, "second free while the first waits");
+    pthread_join(t, NULL);
+    pthread_join(tf, NULL);
+    unsetenv("KVPOOL_FAKE_CUDA_REGISTER_DELAY_MS");
+    CHECK(c.rc == PINMEM_OK && c.pinned == PINMEM_PINNED_CUDA_REGISTER, "commit finished: %d",
+          c.rc);
+    CHECK(f.rc == PINMEM_OK && f.done_at >= c.done_at - 0.05, "free waited: rc %d", f.rc);
+    stats(&lr, &la, &regs, &unregs, &largest);
+    CHECK(lr == 0 && regs == 1 && unregs == 1, "free unregistered the commit's chunk: %d %d %d",
+          lr, regs, unregs);
+
+    /* fork() while a commit is in progress: the child is not stuck on it. */
+    CHECK(reserve(16 * MIB, PINMEM_HUGE_NEVER, &r) == PINMEM_OK, "reserve");
+    reset();
+    setenv("KVPOOL_FAKE_CUDA_REGISTER_DELAY_MS", "300", 1);
+    c = (commit_arg){r.addr, 0, 16 * MIB, PINMEM_PIN_CUDA_REGISTER, NULL, -1, -1, 0};
+    pthread_create(&t, NULL, commit_thread, &c);
+    CHECK(wait_registers(stats, 1), "the commit reached cudaHostRegister");
+    fflush(stdout);
+    pid_t child = fork();
+    if (child == 0) {
+        alarm(10);
+        size_t n = 0, bytes = 0;
+        if (pinmem_live(&n, &bytes) != PINMEM_OK || n == 0)
+            _exit(2);
+        int cr = pinmem_commit(r.addr, 0, 4096, PINMEM_PIN_NONE, 0, NULL);
+        if (cr != PINMEM_EUNKNOWN_PTR || strstr(pinmem_last_detail(), "not inherited") == NULL)
+            _exit(3);
+        _exit(pinmem_free(r.addr) == PINMEM_OK ? 0 : 4);
+    }
+    int status = 0;
+    waitpid(child, &status, 0);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child status %d", status);
+    pthread_join(t, NULL);
+    unsetenv("KVPOOL_FAKE_CUDA_REGISTER_DELAY_MS");
+    CHECK(c.rc == PINMEM_OK, "parent's commit rc %d", c.rc);
+    CHECK(pinmem_free(r.addr) == PINMEM_OK, "parent free");
+    stats(&lr, &la, &regs, &unregs, &largest);
+    CHECK(lr == 0, "live registrations %d", lr);
+    pinmem_option_set(PINMEM_OPT_REGISTER_CHUNK, (int64_t)64 << 30);
+}
 
 static void test_cuda(const char *fake)
 {
@@ -547,6 +1040,8 @@ static void test_cuda(const char *fake)
     pinmem_option_set(PINMEM_OPT_REGISTER_THRESHOLD, (int64_t)512 << 30);
     pinmem_option_set(PINMEM_OPT_REGISTER_CHUNK, (int64_t)64 << 30);
 
+    test_commit_cuda(stats, reset, h);
+
     setenv("KVPOOL_FAKE_CUDA_DEVICES", "0", 1);
     CHECK(pinmem_cuda_reload(fake) == PINMEM_OK, "reload");
     unsetenv("KVPOOL_FAKE_CUDA_DEVICES");
@@ -575,6 +1070,12 @@ int main(int argc, char **argv)
     test_probe();
     test_threads();
     test_fork_child_free();
+    test_commit_steps();
+    test_commit_first_touch_keeps_contents();
+    test_commit_bad_input();
+    test_commit_mlock_refused();
+    test_commit_hugetlb();
+    test_commit_threads();
     test_cuda(fake);
     CHECK(live_count() == 0, "live mappings left: %zu", live_count());
     printf("%d checks, %d failed\n", checks, failures);
