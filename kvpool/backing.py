@@ -23,6 +23,8 @@ from kvpool.errors import InvalidArgumentError, PoolClosedError
 
 __all__ = ["HUGEPAGES_ENV", "Backing", "HostBacking", "TorchBacking", "default_hugepages"]
 
+_EMPTY = torch.empty(0, dtype=torch.uint8)
+
 #: Environment variable with the hugepage policy of pools that do not ask
 #: for hugepages: "auto" (default: 2 MiB pages when enough are free),
 #: "never", "thp".
@@ -143,6 +145,8 @@ class HostBacking(Backing):
 
     def close(self) -> None:
         """Drop this backing's hold on the mapping (views keep it alive). Idempotent."""
+        self.view = None
+        self.tensor = _EMPTY
         self.buffer.close()
 
     def describe(self) -> dict[str, Any]:
@@ -174,7 +178,8 @@ class TorchBacking(Backing):
         if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
             raise InvalidArgumentError(f"size must be a positive number of bytes, got {size!r}")
         self.tensor = torch.empty(size, dtype=torch.uint8, device=device)
-        self.view = memoryview(self.tensor.numpy()) if self.tensor.device.type == "cpu" else None
+        host = self.tensor.device.type == "cpu"
+        self.view: memoryview | None = memoryview(self.tensor.numpy()) if host else None
         self.size = size
         self._closed = False
 
@@ -190,6 +195,8 @@ class TorchBacking(Backing):
         self._closed = True
         if self.tensor.device.type == "cuda":
             torch.cuda.synchronize(self.tensor.device)
+        self.view = None
+        self.tensor = torch.empty(0, dtype=torch.uint8, device=self.tensor.device)
 
     def describe(self) -> dict[str, Any]:
         """Kind, size and device."""

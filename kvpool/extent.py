@@ -439,7 +439,8 @@ class TensorMemoryAllocator(MemoryAllocatorInterface):
                 obj.valid = False
                 obj._mv = None
                 obj._raw = None
-            self.buffer = self.buffer[:0]
+            # A fresh empty tensor: a slice would keep the storage alive.
+            self.buffer = torch.empty(0, dtype=torch.uint8, device=self.buffer.device)
             self._mv = None
             self._arena = None  # type: ignore[assignment]
         finally:

@@ -296,6 +296,10 @@ def _dead_view(obj: TensorMemoryObj, what: str) -> InvalidHandleError:
 
 
 def _dead(obj: TensorMemoryObj, action: str) -> None:
+    pool = obj._pool
+    if pool is not None and pool._closed:
+        report(PoolClosedError, f"{action} on {obj!r} whose pool was closed; the call was ignored")
+        return
     report(
         InvalidHandleError,
         f"{action} on a freed memory object ({obj!r}); the call was ignored. "

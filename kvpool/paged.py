@@ -524,7 +524,8 @@ class PagedTensorMemoryAllocator(MemoryAllocatorInterface):
                     obj._mv = None
                     obj._raw = None
             self._handles = [None] * self._num_pages
-            self.buffer = self.buffer[:0]
+            # A fresh empty tensor: a slice would keep the storage alive.
+            self.buffer = torch.empty(0, dtype=torch.uint8, device=self.buffer.device)
             self._mv = None
             self._paged_buffers = None
             self._arena = None  # type: ignore[assignment]
