@@ -116,10 +116,12 @@ class AddressManager:
         size: initial size of the address space in bytes (>= 0).
         align_bytes: alignment of every address and size handed out; a
             positive power of two (default 4096).
+        max_size: the most ``sbrk`` may grow the space to (the size of the
+            memory it describes); None for no limit.
 
     Raises:
-        InvalidArgumentError: ``size`` negative or ``align_bytes`` not a
-            positive power of two.
+        InvalidArgumentError: ``size`` negative, ``align_bytes`` not a
+            positive power of two, or ``max_size`` below ``size``.
 
     Complexity: ``allocate``, ``free`` and ``sbrk`` are O(1);
     ``batched_allocate(size, k)`` is O(k) when one free block can hold the
@@ -129,7 +131,9 @@ class AddressManager:
 
     ALIGN_BYTES = 4096
 
-    def __init__(self, size: int, align_bytes: int = ALIGN_BYTES) -> None:
+    def __init__(
+        self, size: int, align_bytes: int = ALIGN_BYTES, *, max_size: int | None = None
+    ) -> None:
         if isinstance(size, bool) or not isinstance(size, int):
             raise InvalidArgumentError(f"size must be an int number of bytes, got {size!r}")
         if size < 0:
@@ -144,7 +148,14 @@ class AddressManager:
                 f"align_bytes must be a positive power of two, got {align_bytes!r} "
                 "(e.g. 4096 or 2 MiB)"
             )
+        if max_size is not None and (
+            isinstance(max_size, bool) or not isinstance(max_size, int) or max_size < size
+        ):
+            raise InvalidArgumentError(
+                f"max_size must be None or an int >= size ({size}), got {max_size!r}"
+            )
         self._size = size
+        self._max_size = max_size
         self._align = align_bytes
         self._mask = align_bytes - 1
         self._shift = align_bytes.bit_length() - 1
@@ -188,6 +199,26 @@ class AddressManager:
         del self._hole_start[start]
         del self._hole_end[start + size]
 
+    def _take_tight_hole(self, units: int) -> tuple[int, int] | None:
+        """Remove and return a hole of at least ``units`` units from their own class.
+
+        The O(1) search rounds a request up to the next class, so a hole in
+        the request's own class that would fit is not seen.  This scan
+        (O(holes in that class)) runs only when everything else failed.
+        """
+        if units < _EXACT_LIMIT:  # exact classes: the O(1) search saw them
+            return None
+        cls = _size_class(units)
+        if cls >= len(self._bins):
+            return None
+        need = units << self._shift
+        for start in self._bins[cls]:
+            size = self._hole_start[start]
+            if size >= need:
+                self._drop_hole(start, size)
+                return start, size
+        return None
+
     def _take_hole(self, units: int) -> tuple[int, int] | None:
         """Remove and return a hole of at least ``units`` units, if any."""
         cls = units if units < _EXACT_LIMIT else _fit_class(units)
@@ -215,7 +246,16 @@ class AddressManager:
 
         Returns:
             The smallest multiple of ``align_bytes`` that is >= ``raw_size``.
+
+        Raises:
+            InvalidArgumentError: ``raw_size`` is not an int >= 0.
         """
+        if raw_size.__class__ is not int and (
+            isinstance(raw_size, bool) or not isinstance(raw_size, int)
+        ):
+            raise InvalidArgumentError(f"raw_size must be an int number of bytes, got {raw_size!r}")
+        if raw_size < 0:
+            raise InvalidArgumentError(f"raw_size must be >= 0 bytes, got {raw_size}")
         return (raw_size + self._mask) & ~self._mask
 
     def allocate(self, size: int) -> tuple[int, int]:
@@ -261,11 +301,16 @@ class AddressManager:
             del self._hole_end[start + block]
             if block > aligned:
                 self._add_hole(start + aligned, block - aligned)
-        else:
+        elif self._size - self._top >= aligned:
             start = self._top
-            if self._size - start < aligned:
-                raise self._exhausted(size, aligned)
             self._top = start + aligned
+        else:
+            hole = self._take_tight_hole(units)
+            if hole is None:
+                raise self._exhausted(size, aligned)
+            start, block = hole
+            if block > aligned:
+                self._add_hole(start + aligned, block - aligned)
         self._live[start] = aligned
         self.total_allocated_size += aligned
         return start, aligned
@@ -275,8 +320,7 @@ class AddressManager:
         return AddressSpaceExhaustedError(
             f"cannot allocate {what}: no free range that large "
             f"(free {self._size - self.total_allocated_size} of {self._size} bytes in "
-            f"{self._num_free_blocks()} blocks, largest {self._largest_free()}); "
-            "free objects or grow the pool"
+            f"{self._num_free_blocks()} blocks); free objects or grow the pool"
         )
 
     def batched_allocate(self, size: int, batch_size: int) -> list[tuple[int, int]]:
@@ -330,7 +374,8 @@ class AddressManager:
             pieces = [(self._top, total)]
             self._top += total
         else:
-            pieces = self._gather(aligned, batch_size)
+            hole = self._take_tight_hole(total >> self._shift)
+            pieces = [hole] if hole is not None else self._gather(aligned, batch_size)
         live = self._live
         out: list[tuple[int, int]] = []
         remaining = batch_size
@@ -407,7 +452,7 @@ class AddressManager:
     def free_locked(self, address: int, size: int) -> None:
         """:meth:`free` for callers that already hold ``_lock``."""
         live = self._live
-        if live.get(address) == size and size.__class__ is int and address.__class__ is int:
+        if address.__class__ is int and size.__class__ is int and live.get(address) == size:
             del live[address]
         else:
             size, starts = self._run_starts(address, size)
@@ -450,7 +495,7 @@ class AddressManager:
         count = 0
         for address, size in ranges:
             count += 1
-            if live.get(address) == size and size.__class__ is int and address.__class__ is int:
+            if address.__class__ is int and size.__class__ is int and live.get(address) == size:
                 starts.append(address)
             else:
                 starts.extend(self._run_starts(address, size)[1])
@@ -530,7 +575,8 @@ class AddressManager:
             size: bytes to add, > 0.
 
         Raises:
-            InvalidArgumentError: ``size`` is not a positive integer.
+            InvalidArgumentError: ``size`` is not a positive integer, or the
+                space would grow past ``max_size``.
 
         Complexity: O(1) (amortised: the class table may grow).
         """
@@ -538,7 +584,16 @@ class AddressManager:
         lock = self._lock
         lock.acquire()
         try:
-            self._size += (size + self._mask) & ~self._mask
+            grown = self._size + ((size + self._mask) & ~self._mask)
+            if self._max_size is not None and grown > self._max_size:
+                if self._size + size > self._max_size:
+                    raise InvalidArgumentError(
+                        f"sbrk({size}) would grow the address space to {grown} bytes, past its "
+                        f"limit of {self._max_size} (the memory behind it); grow by at most "
+                        f"{self._max_size - self._size}"
+                    )
+                grown = self._max_size  # the last, partial unit of the memory
+            self._size = grown
             need = _size_class(self._size >> self._shift) + 1
             if need > len(self._bins):
                 self._bins.extend({} for _ in range(need - len(self._bins)))

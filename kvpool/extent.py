@@ -17,18 +17,13 @@ import sys
 import torch
 
 from kvpool.address import AddressManager
-from kvpool.arena import Arena, arena_from_tensor
-from kvpool.errors import (
-    AddressSpaceExhaustedError,
-    InvalidArgumentError,
-    InvalidHandleError,
-    PoolClosedError,
-)
+from kvpool.arena import arena_from_tensor
+from kvpool.errors import AddressSpaceExhaustedError, InvalidArgumentError
 from kvpool.formats import MemoryFormat, normalize_layout
-from kvpool.interface import MemoryAllocatorInterface, PoolStats
-from kvpool.misuse import logger, report
-from kvpool.monitor import PinMonitor
+from kvpool.interface import PoolStats
+from kvpool.misuse import logger
 from kvpool.objects import MemoryObj, MemoryObjMetadata, TensorMemoryObj, _new_pooled
+from kvpool.policy import PlacementPolicy, check_object_list
 
 __all__ = ["TensorMemoryAllocator"]
 
@@ -65,7 +60,7 @@ def check_batch_size(batch_size: object) -> int:
     return batch_size  # type: ignore[return-value]
 
 
-class TensorMemoryAllocator(MemoryAllocatorInterface):
+class TensorMemoryAllocator(PlacementPolicy):
     """Extent allocator over one flat buffer (variable-size objects).
 
     Args:
@@ -104,21 +99,12 @@ class TensorMemoryAllocator(MemoryAllocatorInterface):
             raise InvalidArgumentError(
                 f"init_address_space={space} exceeds the buffer's {arena.size} bytes"
             )
-        self._arena: Arena = arena
-        self.buffer = arena.buffer
-        self._mv = arena.view
-        self.base_address = arena.base_address
-        self.address_manager = AddressManager(space, align_bytes)
+        self.address_manager = AddressManager(space, align_bytes, max_size=arena.size)
         self.align_bytes = align_bytes
-        self._lock = self.address_manager._lock
+        self._arena_size = arena.size
+        self._init_policy(arena, self.address_manager._lock)
         self._am_allocate = self.address_manager.allocate_locked
         self._am_free = self.address_manager.free_locked
-        # Live handles by address: close() invalidates them, and when the
-        # pool runs dry, handles nobody references any more are reclaimed
-        # (the garbage-collection backstop, without a __del__ on every object).
-        self._objs: dict[int, TensorMemoryObj] = {}
-        self._pinned = 0
-        self._closed = False
 
     # -- accounting ----------------------------------------------------
 
@@ -129,24 +115,20 @@ class TensorMemoryAllocator(MemoryAllocatorInterface):
 
     @property
     def num_active_allocations(self) -> int:
-        """Number of live objects (exact: derived from the live table)."""
-        return len(self._objs)
-
-    @property
-    def closed(self) -> bool:
-        """True once :meth:`close` ran."""
-        return self._closed
+        """Number of live objects (exact: the address manager's live ranges)."""
+        return self.address_manager.num_allocations()
 
     def stats(self) -> PoolStats:
         """A consistent snapshot of the pool's accounting (see :class:`PoolStats`)."""
         lock = self._lock
         lock.acquire()
         try:
+            self._drain_dropped_locked()
             am = self.address_manager
             return PoolStats.build(
                 am.get_heap_size(),
                 am.total_allocated_size,
-                len(self._objs),
+                am.num_allocations(),
                 self._pinned,
                 am._largest_free(),
             )
@@ -198,11 +180,11 @@ class TensorMemoryAllocator(MemoryAllocatorInterface):
         lock.acquire()
         try:
             if self._closed:
-                raise PoolClosedError(f"allocate on a closed {self}")
+                self._check_open("allocate")
             try:
                 addr, phy = self._am_allocate(nbytes)
             except AddressSpaceExhaustedError:
-                if not self._reclaim_locked():
+                if not self._drain_dropped_locked():
                     return None
                 try:
                     addr, phy = self._am_allocate(nbytes)
@@ -211,9 +193,7 @@ class TensorMemoryAllocator(MemoryAllocatorInterface):
             meta = MemoryObjMetadata(
                 shape_list[0], dtype_list[0], addr, phy, 1, 0, fmt, None, shape_list, dtype_list
             )
-            obj = _new_pooled(self, meta, addr, phy, nbytes)
-            self._objs[addr] = obj
-            return obj
+            return _new_pooled(self, meta, addr, phy, nbytes)
         finally:
             lock.release()
 
@@ -262,21 +242,19 @@ class TensorMemoryAllocator(MemoryAllocatorInterface):
         lock.acquire()
         try:
             if self._closed:
-                raise PoolClosedError(f"batched_allocate on a closed {self}")
+                self._check_open("batched_allocate")
             am = self.address_manager
             try:
                 ranges = am.batched_allocate_locked(nbytes, batch_size)
             except AddressSpaceExhaustedError:
-                if not self._reclaim_locked():
+                if not self._drain_dropped_locked():
                     return None
                 try:
                     ranges = am.batched_allocate_locked(nbytes, batch_size)
                 except AddressSpaceExhaustedError:
                     return None
-            objs = self._objs
-            out = []
-            for addr, phy in ranges:
-                obj = _new_pooled(
+            return [
+                _new_pooled(
                     self,
                     MemoryObjMetadata(
                         shape0, dtype0, addr, phy, 1, 0, fmt, None, shape_list, dtype_list
@@ -285,9 +263,8 @@ class TensorMemoryAllocator(MemoryAllocatorInterface):
                     phy,
                     nbytes,
                 )
-                objs[addr] = obj
-                out.append(obj)
-            return out
+                for addr, phy in ranges
+            ]
         finally:
             lock.release()
 
@@ -296,51 +273,8 @@ class TensorMemoryAllocator(MemoryAllocatorInterface):
     def _release_locked(self, obj: TensorMemoryObj) -> None:
         """Give ``obj``'s range back; the caller holds the lock and checked it is live."""
         obj.valid = False
-        # A freed handle no longer holds the pool's memory alive.
-        obj._mv = None
         obj._raw = None
-        off = obj._off
-        del self._objs[off]
-        self._am_free(off, obj._phy)
-
-    def _check_owned(self, obj: object) -> TensorMemoryObj:
-        if obj.__class__ is not _TMO or obj._pool is not self:  # type: ignore[attr-defined]
-            raise InvalidHandleError(
-                f"{obj!r} was not allocated by this {self}; free it with its own allocator"
-            )
-        return obj  # type: ignore[return-value]
-
-    def _unpinned_by_free(self, obj: TensorMemoryObj) -> bool:
-        """Account for freeing a pinned object; True when the monitor must hear of it."""
-        if obj._meta.pin_count > 0:
-            obj._meta.pin_count = 0
-            self._pinned -= 1
-            return True
-        return False
-
-    def free(self, memory_obj: MemoryObj, allocator_type: str | None = None) -> None:
-        """Give an object's memory back now, whatever its counts.
-
-        Normally the last ``ref_count_down`` does this.  Freeing an object
-        twice is reported (see :mod:`kvpool.misuse`) and ignored.
-
-        Raises:
-            InvalidHandleError: the object belongs to another allocator.
-        """
-        obj = self._check_owned(memory_obj)
-        unpinned = False
-        lock = self._lock
-        lock.acquire()
-        try:
-            if not obj.valid:
-                report(InvalidHandleError, f"free of an already freed object {obj!r}; ignored")
-                return
-            unpinned = self._unpinned_by_free(obj)
-            self._release_locked(obj)
-        finally:
-            lock.release()
-        if unpinned:
-            PinMonitor.GetOrCreate().on_unpin(obj)
+        self._am_free(obj._off, obj._phy)
 
     def batched_free(
         self,
@@ -360,99 +294,42 @@ class TensorMemoryAllocator(MemoryAllocatorInterface):
 
         Complexity: O(k log k) for k objects.
         """
+        check_object_list(memory_objs, "batched_free")
         if not memory_objs:
             return
         for obj in memory_objs:
             if obj.__class__ is not _TMO or obj._pool is not self:  # type: ignore[attr-defined]
                 self._check_owned(obj)
-        unpinned: list[TensorMemoryObj] = []
+        stale = []
         lock = self._lock
         lock.acquire()
         try:
-            objs = self._objs
             ranges = []
             check_pins = self._pinned > 0
             for obj in memory_objs:
-                if not obj.valid:  # type: ignore[attr-defined]
-                    report(
-                        InvalidHandleError,
-                        f"batched_free of an already freed object {obj!r}; skipped",
-                    )
+                if not obj.valid or self._closed:  # type: ignore[attr-defined]
+                    stale.append(obj)
                     continue
                 obj.valid = False  # type: ignore[attr-defined]
-                obj._mv = None  # type: ignore[attr-defined]
                 obj._raw = None  # type: ignore[attr-defined]
-                if check_pins and self._unpinned_by_free(obj):  # type: ignore[arg-type]
-                    unpinned.append(obj)  # type: ignore[arg-type]
-                off = obj._off  # type: ignore[attr-defined]
-                del objs[off]
-                ranges.append((off, obj._phy))  # type: ignore[attr-defined]
+                if check_pins:
+                    self._unpinned_by_free(obj)  # type: ignore[arg-type]
+                ranges.append((obj._off, obj._phy))  # type: ignore[attr-defined]
             if ranges:
                 self.address_manager.batched_free_locked(ranges)
         finally:
             lock.release()
-        monitor = PinMonitor.GetOrCreate() if unpinned else None
-        for obj in unpinned:
-            monitor.on_unpin(obj)  # type: ignore[union-attr]
-
-    def _reclaim_locked(self) -> int:
-        """Free live objects nobody references any more; returns how many.
-
-        This is the garbage-collection backstop: an object dropped without
-        ``ref_count_down`` is found here when the pool runs dry.
-        """
-        leaked = [
-            obj
-            for obj in list(self._objs.values())
-            # references: the table, the list, the loop variable, the call argument
-            if _getrefcount(obj) <= 4
-        ]
-        for obj in leaked:
-            meta = obj._meta
-            logger.warning(
-                "reclaiming %r: it was dropped with ref_count=%d, pin_count=%d "
-                "(ref_count_down()/unpin() was not called)",
-                obj,
-                meta.ref_count,
-                meta.pin_count,
-            )
-            self._unpinned_by_free(obj)
-            self._release_locked(obj)
-        return len(leaked)
-
-    # -- lifecycle and checks -----------------------------------------
-
-    def close(self) -> None:
-        """Invalidate every live object and refuse further allocations.
-
-        Idempotent.  The allocator and its objects drop their references to
-        the buffer, so the memory can go once the caller (or the pool that
-        built this allocator) releases it; views made earlier keep it alive.
-        """
-        lock = self._lock
-        lock.acquire()
-        try:
-            if self._closed:
-                return
-            self._closed = True
-            for obj in self._objs.values():
-                obj.valid = False
-                obj._mv = None
-                obj._raw = None
-            # A fresh empty tensor: a slice would keep the storage alive.
-            self.buffer = torch.empty(0, dtype=torch.uint8, device=self.buffer.device)
-            self._mv = None
-            self._arena = None  # type: ignore[assignment]
-        finally:
-            lock.release()
+        # Reported once everything valid is freed (strict mode raises here).
+        for obj in stale:
+            self._report_already_freed(obj)
 
     def memcheck(self) -> bool:
         """Verify every invariant of the pool.
 
-        Checks the address manager's invariants, that the live-object table
-        matches its live allocations one to one (same offsets, same sizes,
-        every object valid and in bounds of the buffer) and that the pin
-        counter equals a recount.
+        Checks the address manager's invariants (see
+        :meth:`AddressManager.check_consistency`), that every live range
+        lies inside the buffer and that the pin counter is within
+        ``[0, live objects]``.
 
         Returns:
             True when all hold; on failure the broken invariant is logged.
@@ -460,27 +337,17 @@ class TensorMemoryAllocator(MemoryAllocatorInterface):
         lock = self._lock
         lock.acquire()
         try:
-            return self._memcheck_locked()
+            self._drain_dropped_locked()
+            am = self.address_manager
+            problems = []
+            if not am._check_locked():
+                problems.append("address manager invariants broken")
+            if am.get_heap_size() > self._arena_size:
+                problems.append(f"address space {am.get_heap_size()} exceeds the buffer")
+            if not 0 <= self._pinned <= am.num_allocations():
+                problems.append(f"pin counter {self._pinned} out of range")
         finally:
             lock.release()
-
-    def _memcheck_locked(self) -> bool:
-        am = self.address_manager
-        problems = []
-        if not am._check_locked():
-            problems.append("address manager invariants broken")
-        live = am._live
-        if len(live) != len(self._objs):
-            problems.append(f"{len(live)} live ranges but {len(self._objs)} live objects")
-        pinned = 0
-        for off, obj in self._objs.items():
-            if live.get(off) != obj._phy or obj._off != off or obj.valid == self._closed:
-                problems.append(f"object {obj!r} disagrees with the live range at {off}")
-            if not self._closed and off + obj._phy > self.buffer.numel():
-                problems.append(f"object {obj!r} runs past the end of the buffer")
-            pinned += obj._meta.pin_count > 0
-        if pinned != self._pinned:
-            problems.append(f"pin counter {self._pinned} but {pinned} pinned objects")
         for problem in problems:
             logger.error("memcheck(%s): %s", self, problem)
         return not problems
@@ -492,6 +359,6 @@ class TensorMemoryAllocator(MemoryAllocatorInterface):
         am = self.address_manager
         return (
             f"<TensorMemoryAllocator {am.get_heap_size()} bytes, "
-            f"{len(self._objs)} objects, {am.total_allocated_size} bytes used"
+            f"{am.num_allocations()} objects, {am.total_allocated_size} bytes used"
             f"{', closed' if self._closed else ''}>"
         )

@@ -70,6 +70,11 @@ def get_size_bytes(shapes: Sequence[torch.Size], dtypes: Sequence[torch.dtype]) 
         InvalidArgumentError: the lists differ in length, or an entry is
             not a shape / dtype.
     """
+    for what, value in (("shapes", shapes), ("dtypes", dtypes)):
+        if not isinstance(value, (list, tuple)):
+            raise InvalidArgumentError(
+                f"{what} must be a list (one entry per group), got {type(value).__name__} {value!r}"
+            )
     if len(shapes) != len(dtypes):
         raise InvalidArgumentError(
             f"shapes and dtypes must have the same length, got {len(shapes)} shapes "

@@ -25,13 +25,13 @@ Contracts (see also ``docs`` in the README):
 from __future__ import annotations
 
 import abc
-import ctypes
 import logging
 import operator
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from kvpool.errors import (
@@ -347,6 +347,7 @@ class TensorMemoryObj(MemoryObj):
         metadata: MemoryObjMetadata,
         parent_allocator: MemoryAllocatorInterface | None = None,
     ) -> None:
+        self.valid = False  # until fully built (the finalizer reads it)
         if not isinstance(raw_data, torch.Tensor):
             raise InvalidArgumentError(
                 f"raw_data must be a torch.Tensor, got {type(raw_data).__name__}"
@@ -409,8 +410,31 @@ class TensorMemoryObj(MemoryObj):
         self.valid = False
 
     def is_valid(self) -> bool:
-        """True while the object owns its memory."""
-        return self.valid
+        """True while the object owns its memory (False once freed or its pool closed)."""
+        pool = self._pool
+        return self.valid and (pool is None or not pool._closed)
+
+    def __del__(self) -> None:
+        # The garbage-collection backstop: an object dropped without
+        # ref_count_down() gives its memory back (with a warning).
+        if not self.valid:
+            return
+        try:
+            pool = self._pool
+            if pool is not None:
+                pool._release_dropped(self)
+            elif self.parent_allocator is not None:
+                meta = self._meta
+                logger.warning(
+                    "memory object %r garbage-collected with ref_count=%d, pin_count=%d; "
+                    "freeing it (ref_count_down()/unpin() was not called)",
+                    self,
+                    meta.ref_count,
+                    meta.pin_count,
+                )
+                self.parent_allocator.free(self)
+        except Exception:  # a finalizer must not raise (e.g. at interpreter exit)
+            pass
 
     def get_size(self) -> int:
         """Logical size in bytes (narrowed by :meth:`set_used_size`)."""
@@ -486,7 +510,7 @@ class TensorMemoryObj(MemoryObj):
         lock = self._lock
         lock.acquire()
         try:
-            if not self.valid:
+            if not self.is_valid():
                 _dead(self, "ref_count_up")
                 return
             self._meta.ref_count += 1
@@ -513,7 +537,7 @@ class TensorMemoryObj(MemoryObj):
                 meta.ref_count = 0
                 if meta.pin_count <= 0:
                     pool = self._pool
-                    if pool is not None:
+                    if pool is not None and not pool._closed:
                         pool._release_locked(self)
                     else:
                         self._free_locked()
@@ -529,6 +553,10 @@ class TensorMemoryObj(MemoryObj):
     def _free_locked(self) -> None:
         pool = self._pool
         if pool is not None:
+            if pool._closed:  # its memory went with the pool
+                self.valid = False
+                _dead(self, "release")
+                return
             pool._release_locked(self)
         elif self.parent_allocator is not None:
             self.parent_allocator.free(self)
@@ -547,16 +575,17 @@ class TensorMemoryObj(MemoryObj):
         lock = self._lock
         lock.acquire()
         try:
-            if not self.valid:
+            if not self.is_valid():
                 _dead(self, "pin")
                 return False
             meta = self._meta
             meta.pin_count += 1
             if meta.pin_count == 1 and self._pool is not None:
                 self._pool._pinned += 1
+            # Under the lock, so that a concurrent unpin is recorded after it.
+            PinMonitor.GetOrCreate().on_pin(self)
         finally:
             lock.release()
-        PinMonitor.GetOrCreate().on_pin(self)
         return True
 
     def unpin(self) -> bool:
@@ -568,7 +597,7 @@ class TensorMemoryObj(MemoryObj):
         lock = self._lock
         lock.acquire()
         try:
-            if not self.valid:
+            if not self.is_valid():
                 _dead(self, "unpin")
                 return False
             meta = self._meta
@@ -583,6 +612,7 @@ class TensorMemoryObj(MemoryObj):
             if count == 0:
                 if self._pool is not None:
                     self._pool._pinned -= 1
+                PinMonitor.GetOrCreate().on_unpin(self)
                 if meta.ref_count <= 0:
                     if self._pool is None and self.parent_allocator is None:
                         logger.error(
@@ -593,8 +623,6 @@ class TensorMemoryObj(MemoryObj):
                         self._free_locked()
         finally:
             lock.release()
-        if count == 0:
-            PinMonitor.GetOrCreate().on_unpin(self)
         return True
 
     @property
@@ -614,9 +642,10 @@ class TensorMemoryObj(MemoryObj):
     def raw_data(self) -> torch.Tensor:
         """The object's bytes as a flat ``uint8`` tensor (its layout size)."""
         raw = self._raw
-        if raw is not None and (self.valid or self._pool is None):
+        pool = self._pool
+        if raw is not None and (pool is None or (self.valid and not pool._closed)):
             return raw
-        if not self.valid:
+        if not self.is_valid():
             raise _dead_view(self, "raw_data")
         off = self._off
         raw = self._pool.buffer[off : off + self._nbytes]
@@ -636,7 +665,7 @@ class TensorMemoryObj(MemoryObj):
     @property
     def raw_tensor(self) -> torch.Tensor | None:
         """The flat byte tensor behind the object (None, with a warning, once freed)."""
-        if not self.valid:
+        if not self.is_valid():
             logger.warning("raw_tensor of a freed memory object %r", self)
             return None
         return self.raw_data
@@ -648,7 +677,7 @@ class TensorMemoryObj(MemoryObj):
         After :meth:`set_used_size` it is a flat ``uint8`` view of the used
         bytes.  None, with a warning, once the object is freed.
         """
-        if not self.valid:
+        if not self.is_valid():
             logger.warning("tensor of a freed memory object %r", self)
             return None
         if self._used_size_override is not None:
@@ -671,12 +700,17 @@ class TensorMemoryObj(MemoryObj):
         Raises:
             IndexError: no such group.
         """
-        if not self.valid:
+        if not self.is_valid():
             logger.warning("get_tensor of a freed memory object %r", self)
             return None
         shapes = self.get_shapes()
         dtypes = self.get_dtypes()
-        index = operator.index(index)
+        try:
+            index = operator.index(index)
+        except TypeError:
+            raise InvalidArgumentError(
+                f"group index must be an int, got {type(index).__name__} {index!r}"
+            ) from None
         if not -len(shapes) <= index < len(shapes):
             raise IndexError(
                 f"group index {index} is out of range: the object has {len(shapes)} group(s)"
@@ -700,11 +734,14 @@ class TensorMemoryObj(MemoryObj):
         mv = self._mv
         if mv is not None and self.valid:
             off = self._off
-            return mv[off : off + self._size]
+            try:
+                return mv[off : off + self._size]
+            except ValueError:  # the pool released its view: it was closed
+                pass
         return self._byte_array_slow()
 
     def _byte_array_slow(self) -> memoryview:
-        if not self.valid:
+        if not self.is_valid():
             raise _dead_view(self, "byte_array")
         raw = self.raw_data
         if raw.device.type != "cpu":
@@ -727,7 +764,7 @@ class TensorMemoryObj(MemoryObj):
         Raises:
             InvalidHandleError: the object was freed.
         """
-        if not self.valid:
+        if not self.is_valid():
             raise _dead_view(self, "data_ptr")
         pool = self._pool
         if pool is not None and self._mv is not None:
@@ -905,13 +942,9 @@ class BytesBufferMemoryObj(MemoryObj):
     @property
     def data_ptr(self) -> int:
         """Address of the buffer's first byte."""
-        data = self.raw_data
-        if isinstance(data, bytes):
-            return ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value or 0
-        view = memoryview(data)
-        if view.readonly:
-            return ctypes.cast(ctypes.c_char_p(bytes(view)), ctypes.c_void_p).value or 0
-        return ctypes.addressof(ctypes.c_char.from_buffer(view))
+        # numpy reads the address through the buffer protocol, read-only
+        # buffers included, without copying.
+        return int(np.frombuffer(self.raw_data, dtype=np.uint8).ctypes.data)
 
     @property
     def is_pinned(self) -> bool:
@@ -958,6 +991,10 @@ class GDSMemoryObject(MemoryObj):
     __slots__ = ("meta", "valid")
 
     def __init__(self, metadata: MemoryObjMetadata) -> None:
+        if not isinstance(metadata, MemoryObjMetadata):
+            raise InvalidArgumentError(
+                f"metadata must be a MemoryObjMetadata, got {type(metadata).__name__}"
+            )
         super().__init__(metadata)
         self.valid = True
 

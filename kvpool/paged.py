@@ -13,17 +13,20 @@ invalid forever and its calls are reported and ignored.
 
 Creating two Python objects per allocation would cost more than the whole
 reference allocation, so handles are *recycled*, but only when provably
-unreachable: a page keeps the handle it was last allocated with, and the
-next allocation of the page reuses that handle only if nothing but the
-pool references it (``sys.getrefcount``) and its metadata was never
-exposed or changed (the ``_dirty`` flag, set by ``meta``, ``metadata``,
-``set_used_size``, ``raw_data =`` or a non-default layout).  Otherwise a
-fresh handle with fresh metadata is built.  Either way the new owner sees
-a handle nobody else can reach, with every per-allocation field (shape,
-dtypes, format, counts, used size, partial-chunk size) as it asked.
+unreachable: a freed page is queued together with the handle it was last
+allocated with, and the next allocation of the page reuses that handle
+only if nothing but the queue references it (``sys.getrefcount``) and its
+metadata was never exposed or changed (the ``_dirty`` flag, set by
+``meta``, ``metadata``, ``set_used_size``, ``raw_data =`` or a
+non-default layout).  Otherwise a fresh handle with fresh metadata is
+built.  Either way the new owner gets a handle nobody else can reach,
+with every per-allocation field (shape, dtypes, format, counts, used
+size, partial-chunk size) as it asked.  Live handles are referenced only
+by their users, so one dropped without ``ref_count_down`` is released by
+its ``__del__`` (see :mod:`kvpool.policy`).
 
-Thread safety: one lock per pool covers the free list, the handle table,
-the pin counter and the counts of every object of the pool.
+Thread safety: one lock per pool covers the free queue, the pin counter
+and the counts of every object of the pool.
 """
 
 from __future__ import annotations
@@ -35,22 +38,18 @@ from typing import Any
 import torch
 
 from kvpool.arena import arena_from_tensor
-from kvpool.errors import InvalidArgumentError, InvalidHandleError, PoolClosedError
+from kvpool.errors import InvalidArgumentError
 from kvpool.extent import check_batch_size, check_format
 from kvpool.formats import MemoryFormat, normalize_layout
-from kvpool.interface import MemoryAllocatorInterface, PoolStats
-from kvpool.misuse import logger, report
-from kvpool.monitor import PinMonitor
+from kvpool.interface import PoolStats
+from kvpool.misuse import logger
 from kvpool.objects import MemoryObj, MemoryObjMetadata, TensorMemoryObj, _new_pooled
+from kvpool.policy import PlacementPolicy, check_object_list
 
 __all__ = ["PagedAddressManager", "PagedTensorMemoryAllocator"]
 
 _Size = torch.Size
-_TMO = TensorMemoryObj
 _getrefcount = sys.getrefcount
-# References to a recyclable handle inside allocate(): the handle table,
-# the local variable and getrefcount's own argument.
-_UNREFERENCED = 3
 
 
 class PagedAddressManager:
@@ -72,7 +71,7 @@ class PagedAddressManager:
         return self._allocator._free_count() * self._allocator.align_bytes
 
 
-class PagedTensorMemoryAllocator(MemoryAllocatorInterface):
+class PagedTensorMemoryAllocator(PlacementPolicy):
     """Paged allocator: every object takes one page of ``get_size_bytes(shapes, dtypes)``.
 
     Args:
@@ -111,53 +110,57 @@ class PagedTensorMemoryAllocator(MemoryAllocatorInterface):
                 f"{page} bytes; use {arena.size // page * page} or "
                 f"{(arena.size // page + 1) * page} bytes"
             )
-        self._arena = arena
-        self.buffer = arena.buffer
+        self._init_policy(arena, threading.Lock())
         self.buffer_size = arena.size
         self.buffer_ptr = arena.base_address
-        self.base_address = arena.base_address
-        self._mv = arena.view
         self.shapes = shape_list
         self.dtypes = dtype_list
         self.fmt = fmt
         self.align_bytes = page
         self._num_pages = arena.size // page
-        # Free pages in FIFO order: a list consumed from _head (slicing
-        # takes a batch at C speed), compacted once the consumed prefix
-        # outgrows the rest.  FIFO reuse gives a freed handle time to be
-        # dropped by its last user, so that it can be recycled.
+        # Free pages in FIFO order, and beside each the handle it was last
+        # allocated with (None if none may be recycled).  Both lists are
+        # consumed from _head, so a batch is taken by slicing at C speed,
+        # and compacted once the consumed prefix outgrows the rest.  FIFO
+        # reuse gives a freed handle time to be dropped by its last user.
         self._free: list[int] = list(range(self._num_pages))
+        self._parked: list[TensorMemoryObj | None] = [None] * self._num_pages
         self._head = 0
-        self._handles: list[TensorMemoryObj | None] = [None] * self._num_pages
-        self._lock = threading.Lock()
-        self._pinned = 0
-        self._closed = False
         # The request that matches the page layout exactly, for a cheap test.
         self._default_shape = shape_list[0] if len(shape_list) == 1 else None
         self._default_dtype = dtype_list[0] if len(dtype_list) == 1 else None
         self.address_manager = PagedAddressManager(self)
         self._paged_buffers: tuple[torch.Tensor, ...] | None = None
 
-    # -- accounting ----------------------------------------------------
-
-    @property
-    def num_active_allocations(self) -> int:
-        """Pages in use (exact: derived from the free list)."""
-        return self._num_pages - self._free_count()
+    # -- the free queue (caller holds the lock) ---------------------------
 
     def _free_count(self) -> int:
         return len(self._free) - self._head
 
-    def _take_pages(self, count: int) -> list[int]:
-        """Remove the ``count`` oldest free pages; caller holds the lock."""
+    def _take(self, count: int) -> tuple[list[int], list[TensorMemoryObj | None]]:
+        """Remove the ``count`` oldest free pages and their parked handles."""
         head = self._head
-        pages = self._free[head : head + count]
-        head += count
-        if head > 1024 and head * 2 > len(self._free):
-            del self._free[:head]
-            head = 0
-        self._head = head
-        return pages
+        end = head + count
+        pages = self._free[head:end]
+        handles = self._parked[head:end]
+        self._parked[head:end] = [None] * count  # the queue lets go of them
+        if end > 1024 and end * 2 > len(self._free):
+            del self._free[:end]
+            del self._parked[:end]
+            end = 0
+        self._head = end
+        return pages, handles
+
+    def _put(self, page: int, handle: TensorMemoryObj | None) -> None:
+        self._free.append(page)
+        self._parked.append(handle)
+
+    # -- accounting ----------------------------------------------------
+
+    @property
+    def num_active_allocations(self) -> int:
+        """Pages in use (exact: derived from the free queue)."""
+        return self._num_pages - self._free_count()
 
     @property
     def total_allocated_size(self) -> int:
@@ -181,16 +184,12 @@ class PagedTensorMemoryAllocator(MemoryAllocatorInterface):
             self._paged_buffers = torch.split(self.buffer, self.align_bytes)
         return self._paged_buffers
 
-    @property
-    def closed(self) -> bool:
-        """True once :meth:`close` ran."""
-        return self._closed
-
     def stats(self) -> PoolStats:
         """A consistent snapshot of the pool's accounting (see :class:`PoolStats`)."""
         lock = self._lock
         lock.acquire()
         try:
+            self._drain_dropped_locked()
             free = self._free_count()
             used = self._num_pages - free
             # Any free page fits any allocation: no external fragmentation.
@@ -226,8 +225,7 @@ class PagedTensorMemoryAllocator(MemoryAllocatorInterface):
             )
         if nbytes <= 0:
             raise InvalidArgumentError(f"cannot allocate a layout of 0 bytes ({shape_list})")
-        default = shape_list == self.shapes and dtype_list == self.dtypes
-        if default:
+        if shape_list == self.shapes and dtype_list == self.dtypes:
             return self.shapes, self.dtypes, nbytes, True
         return shape_list, dtype_list, nbytes, False
 
@@ -241,6 +239,8 @@ class PagedTensorMemoryAllocator(MemoryAllocatorInterface):
         default: bool,
     ) -> TensorMemoryObj:
         """A new handle (and metadata) for ``page``; caller holds the lock."""
+        # Lists of its own: a caller that edits its metadata must not edit
+        # the pool's layout.
         meta = MemoryObjMetadata(
             shape_list[0],
             dtype_list[0],
@@ -250,13 +250,12 @@ class PagedTensorMemoryAllocator(MemoryAllocatorInterface):
             0,
             fmt,
             None,
-            shape_list,
-            dtype_list,
+            list(shape_list),
+            list(dtype_list),
         )
         obj = _new_pooled(self, meta, page * self.align_bytes, self.align_bytes, nbytes, page)
         # Only a handle in the page's default state may be recycled as is.
         obj._dirty = not default or fmt is not self.fmt
-        self._handles[page] = obj
         return obj
 
     def allocate(
@@ -287,12 +286,8 @@ class PagedTensorMemoryAllocator(MemoryAllocatorInterface):
             and shapes == self._default_shape
         ):
             # The page's own layout (the common case), checked inline.
-            shape_list, dtype_list, nbytes, default = (
-                self.shapes,
-                self.dtypes,
-                self.align_bytes,
-                True,
-            )
+            shape_list, dtype_list, default = self.shapes, self.dtypes, True
+            nbytes = self.align_bytes
         else:
             shape_list, dtype_list, nbytes, default = self._layout(shapes, dtypes)
         if fmt.__class__ is not MemoryFormat:
@@ -302,24 +297,29 @@ class PagedTensorMemoryAllocator(MemoryAllocatorInterface):
         lock.acquire()
         try:
             if self._closed:
-                raise PoolClosedError(f"allocate on a closed {self}")
+                self._check_open("allocate")
             free = self._free
             head = self._head
             if head == len(free):
-                if not self._reclaim_locked():
+                if not self._drain_dropped_locked():
                     return None
-                free = self._free
                 head = self._head
+            # _take(1), inlined: this is the hot path of paged pools.
             page = free[head]
+            parked = self._parked
+            obj = parked[head]
+            parked[head] = None
             head += 1
             if head > 1024 and head * 2 > len(free):
                 del free[:head]
+                del parked[:head]
                 head = 0
             self._head = head
-            obj = self._handles[page]
-            if clean and obj is not None and not obj._dirty and _getrefcount(obj) == _UNREFERENCED:
-                obj.valid = True
-                obj._meta.ref_count = 1
+            # References to a recyclable handle: the local variable and
+            # getrefcount's argument (None's count is huge).
+            if clean and _getrefcount(obj) == 2 and not obj._dirty:  # type: ignore[union-attr]
+                obj.valid = True  # type: ignore[union-attr]
+                obj._meta.ref_count = 1  # type: ignore[union-attr]
                 return obj
             return self._fresh(page, shape_list, dtype_list, nbytes, fmt, default)
         finally:
@@ -353,32 +353,30 @@ class PagedTensorMemoryAllocator(MemoryAllocatorInterface):
         lock.acquire()
         try:
             if self._closed:
-                raise PoolClosedError(f"batched_allocate on a closed {self}")
+                self._check_open("batched_allocate")
             if self._free_count() < batch_size:
-                self._reclaim_locked()
+                self._drain_dropped_locked()
                 if self._free_count() < batch_size:
                     return None
-            pages = self._take_pages(batch_size)
-            out = list(map(self._handles.__getitem__, pages))
-            if not clean:
-                return [
-                    self._fresh(page, shape_list, dtype_list, nbytes, fmt, default)
-                    for page in pages
-                ]
-            # Fast pass: recycle handles while they are unreachable and clean
-            # (references: the table, the list, the loop variable, the call
-            # argument; a never-used page holds None, whose count is huge).
-            for obj in out:
-                if _getrefcount(obj) != _UNREFERENCED + 1 or obj._dirty:  # type: ignore[union-attr]
-                    break
-                obj.valid = True  # type: ignore[union-attr]
-                obj._meta.ref_count = 1  # type: ignore[union-attr]
+            pages, out = self._take(batch_size)
+            if clean:
+                # Fast pass: recycle handles while they are unreachable and
+                # clean (references: the list, the loop variable and
+                # getrefcount's argument; None's count is huge).
+                for obj in out:
+                    if _getrefcount(obj) != 3 or obj._dirty:  # type: ignore[union-attr]
+                        break
+                    obj.valid = True  # type: ignore[union-attr]
+                    obj._meta.ref_count = 1  # type: ignore[union-attr]
+                else:
+                    return out  # type: ignore[return-value]
+                first = out.index(obj)
             else:
-                return out  # type: ignore[return-value]
+                first = 0
             # Slow pass from the first handle that cannot be recycled.
-            for i in range(out.index(obj), batch_size):
+            for i in range(first, batch_size):
                 obj = out[i]
-                if _getrefcount(obj) == _UNREFERENCED + 1 and not obj._dirty:  # type: ignore[union-attr]
+                if clean and _getrefcount(obj) == 3 and not obj._dirty:  # type: ignore[union-attr]
                     obj.valid = True  # type: ignore[union-attr]
                     obj._meta.ref_count = 1  # type: ignore[union-attr]
                 else:
@@ -390,45 +388,16 @@ class PagedTensorMemoryAllocator(MemoryAllocatorInterface):
     # -- release -------------------------------------------------------
 
     def _release_locked(self, obj: TensorMemoryObj) -> None:
-        """Return ``obj``'s page; the caller holds the lock and checked it is live."""
+        """Queue ``obj``'s page (with ``obj`` for recycling); the caller holds the lock."""
         obj.valid = False
         self._free.append(obj._page)
+        self._parked.append(obj)
 
-    def _check_owned(self, obj: object) -> TensorMemoryObj:
-        if obj.__class__ is not _TMO or obj._pool is not self:  # type: ignore[attr-defined]
-            raise InvalidHandleError(
-                f"{obj!r} was not allocated by this {self}; free it with its own allocator"
-            )
-        return obj  # type: ignore[return-value]
-
-    def _unpinned_by_free(self, obj: TensorMemoryObj) -> bool:
-        if obj._meta.pin_count > 0:
-            obj._meta.pin_count = 0
-            self._pinned -= 1
-            return True
-        return False
-
-    def free(self, memory_obj: MemoryObj, allocator_type: str | None = None) -> None:
-        """Give an object's page back now, whatever its counts.
-
-        Freeing twice is reported (see :mod:`kvpool.misuse`) and ignored.
-
-        Raises:
-            InvalidHandleError: the object belongs to another allocator.
-        """
-        obj = self._check_owned(memory_obj)
-        lock = self._lock
-        lock.acquire()
-        try:
-            if not obj.valid:
-                report(InvalidHandleError, f"free of an already freed object {obj!r}; ignored")
-                return
-            unpinned = self._unpinned_by_free(obj)
-            self._release_locked(obj)
-        finally:
-            lock.release()
-        if unpinned:
-            PinMonitor.GetOrCreate().on_unpin(obj)
+    def _release_garbage_locked(self, obj: TensorMemoryObj) -> None:
+        # The handle is being destroyed: queue its page without it (storing
+        # it would resurrect it, and its finalizer never runs twice).
+        obj.valid = False
+        self._put(obj._page, None)
 
     def batched_free(
         self,
@@ -438,7 +407,8 @@ class PagedTensorMemoryAllocator(MemoryAllocatorInterface):
     ) -> None:
         """Free every object of the list once (the list is not modified).
 
-        Objects already freed (or listed twice) are reported and skipped.
+        Objects already freed (or listed twice) are reported and skipped,
+        after every other object of the list is freed.
 
         Raises:
             InvalidHandleError: an object belongs to another allocator
@@ -446,100 +416,67 @@ class PagedTensorMemoryAllocator(MemoryAllocatorInterface):
 
         Complexity: O(k).
         """
+        check_object_list(memory_objs, "batched_free")
         if not memory_objs:
             return
-        unpinned: list[TensorMemoryObj] = []
+        stale = []
         lock = self._lock
         lock.acquire()
         try:
-            free = self._free
-            put = free.append
             if self._pinned:
-                self._unpin_listed_locked(memory_objs, unpinned)
+                self._unpin_listed_locked(memory_objs)
+            free = self._free
+            parked = self._parked
+            put_page = free.append
+            put_handle = parked.append
             before = len(free)
+            closed = self._closed
             try:
                 for obj in memory_objs:
-                    if obj._pool is self and obj.valid:  # type: ignore[attr-defined]
+                    if obj._pool is self and obj.valid and not closed:  # type: ignore[attr-defined]
                         obj.valid = False  # type: ignore[attr-defined]
-                        put(obj._page)  # type: ignore[attr-defined]
+                        put_page(obj._page)  # type: ignore[attr-defined]
+                        put_handle(obj)  # type: ignore[arg-type]
                     elif obj._pool is self:  # type: ignore[attr-defined]
-                        report(
-                            InvalidHandleError,
-                            f"batched_free of an already freed object {obj!r}; skipped",
-                        )
+                        stale.append(obj)
                     else:
                         raise AttributeError
             except AttributeError:
                 # Not ours (another pool's handle, or not a handle at all):
                 # undo this call's frees, so that nothing is freed, and raise.
                 while len(free) > before:
-                    self._handles[free.pop()].valid = True  # type: ignore[union-attr]
+                    free.pop()
+                    parked.pop().valid = True  # type: ignore[union-attr]
                 self._check_owned(obj)
                 raise
         finally:
             lock.release()
-        for obj in unpinned:
-            PinMonitor.GetOrCreate().on_unpin(obj)
+        for obj in stale:
+            self._report_already_freed(obj)
 
-    def _unpin_listed_locked(self, memory_objs: list[MemoryObj], unpinned: list[Any]) -> None:
+    def _unpin_listed_locked(self, memory_objs: list[MemoryObj]) -> None:
         """Drop the pins of the pinned objects of a batch about to be freed."""
         for obj in memory_objs:
             self._check_owned(obj)
         for obj in memory_objs:
-            if obj.valid and self._unpinned_by_free(obj):  # type: ignore[attr-defined,arg-type]
-                unpinned.append(obj)
-
-    def _reclaim_locked(self) -> int:
-        """Free live pages whose handles nobody references; returns how many."""
-        reclaimed = 0
-        for obj in self._handles:
-            # references: the table, the loop variable, the call argument
-            if obj is not None and obj.valid and _getrefcount(obj) <= 3:
-                meta = obj._meta
-                logger.warning(
-                    "reclaiming %r: it was dropped with ref_count=%d, pin_count=%d "
-                    "(ref_count_down()/unpin() was not called)",
-                    obj,
-                    meta.ref_count,
-                    meta.pin_count,
-                )
-                self._unpinned_by_free(obj)
-                self._release_locked(obj)
-                reclaimed += 1
-        return reclaimed
+            if obj.valid:  # type: ignore[attr-defined]
+                self._unpinned_by_free(obj)  # type: ignore[arg-type]
 
     # -- lifecycle and checks -----------------------------------------
 
-    def close(self) -> None:
-        """Invalidate every live object and refuse further allocations (idempotent)."""
-        lock = self._lock
-        lock.acquire()
-        try:
-            if self._closed:
-                return
-            self._closed = True
-            for obj in self._handles:
-                if obj is not None:
-                    obj.valid = False
-                    obj._mv = None
-                    obj._raw = None
-            self._handles = [None] * self._num_pages
-            # A fresh empty tensor: a slice would keep the storage alive.
-            self.buffer = torch.empty(0, dtype=torch.uint8, device=self.buffer.device)
-            self._mv = None
-            self._paged_buffers = None
-            self._arena = None  # type: ignore[assignment]
-        finally:
-            lock.release()
+    def _forget_memory_locked(self) -> None:
+        for obj in self._parked:
+            if obj is not None:
+                obj._raw = None
+        self._parked = [None] * len(self._parked)
+        self._paged_buffers = None
 
     def memcheck(self) -> bool:
         """Verify every invariant of the pool.
 
-        Checks that free pages are distinct and in range, that free and
-        live pages partition the pool (a live page's table handle is valid,
-        a free page's is not), that every handle sits at its page's offset
-        with a size no larger than a page, and that the pin counter equals
-        a recount.
+        Checks that the free pages are distinct and in range, that each
+        queued handle is invalid and belongs to the page it is queued with,
+        and that the pin counter is within ``[0, pages in use]``.
 
         Returns:
             True when all hold; on failure the broken invariant is logged.
@@ -547,33 +484,25 @@ class PagedTensorMemoryAllocator(MemoryAllocatorInterface):
         lock = self._lock
         lock.acquire()
         try:
-            return self._memcheck_locked()
+            self._drain_dropped_locked()
+            problems = []
+            head = self._head
+            pages = self._free[head:]
+            if len(set(pages)) != len(pages):
+                problems.append("a page is in the free queue twice")
+            if any(not 0 <= p < self._num_pages for p in pages):
+                problems.append("a free page index is out of range")
+            if len(self._parked) != len(self._free):
+                problems.append("the free queue and its handles differ in length")
+            for page, obj in zip(pages, self._parked[head:], strict=False):
+                if obj is not None and (obj.valid or obj._page != page):
+                    problems.append(f"queued handle {obj!r} is live or filed under page {page}")
+            if any(obj is not None for obj in self._parked[:head]):
+                problems.append("the consumed part of the queue still holds handles")
+            if not 0 <= self._pinned <= self._num_pages - len(pages):
+                problems.append(f"pin counter {self._pinned} out of range")
         finally:
             lock.release()
-
-    def _memcheck_locked(self) -> bool:
-        problems = []
-        free = set(self._free[self._head :])
-        if len(free) != self._free_count():
-            problems.append("a page is in the free list twice")
-        if any(not 0 <= p < self._num_pages for p in free):
-            problems.append("a free page index is out of range")
-        pinned = 0
-        for page, obj in enumerate(self._handles):
-            live = obj is not None and obj.valid
-            # Free and live pages partition the pool (closing invalidates
-            # live handles without freeing their pages).
-            if live == (page in free) and not self._closed:
-                state = "live and free" if live else "neither live nor free"
-                problems.append(f"page {page} is {state}")
-            if obj is not None:
-                if obj._page != page or obj._off != page * self.align_bytes:
-                    problems.append(f"handle {obj!r} is filed under page {page}")
-                if obj._size > obj._phy or obj._phy != self.align_bytes:
-                    problems.append(f"handle {obj!r} is larger than a page")
-                pinned += live and obj._meta.pin_count > 0
-        if pinned != self._pinned:
-            problems.append(f"pin counter {self._pinned} but {pinned} pinned objects")
         for problem in problems:
             logger.error("memcheck(%s): %s", self, problem)
         return not problems
