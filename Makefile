@@ -4,7 +4,8 @@
 #   make check      build and run libpinmem's C test program
 #   make test       install what a fresh machine lacks, build, make check, pytest
 #   make demo       run the main job (for now: the capability report)
-#   make bench      the pool-ready benchmark (bench/pool_ready.py)
+#   make bench      kvpool's benchmarks against naive baselines (kvpool bench);
+#                   options in BENCH_ARGS, e.g. make bench BENCH_ARGS=--quick
 #   make lint       ruff check + ruff format --check
 #
 # PYTHON selects the interpreter: make test PYTHON=/path/to/venv/bin/python
@@ -12,6 +13,7 @@
 PYTHON ?= python3
 CC ?= cc
 PIP := $(PYTHON) -m pip
+BENCH_ARGS ?=
 BUILD := libpinmem/build
 CFLAGS_TEST := -O2 -Wall -Wextra -Werror -std=gnu11 -pthread
 HEADERS := $(wildcard libpinmem/*.h)
@@ -50,7 +52,7 @@ demo: lib
 	$(PYTHON) -m kvpool info
 
 bench: lib
-	$(PYTHON) bench/pool_ready.py
+	$(PYTHON) -m kvpool bench $(BENCH_ARGS)
 
 lint:
 	ruff check .

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
-import gc
 import json
 import os
 import statistics
@@ -36,9 +35,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import torch
-
-from kvpool import _native
+from kvpool.benchmarks.pool_ready import parse_size, time_allocate_host, time_torch_zeros
 from kvpool.host import allocate_host
 from kvpool.system import capabilities
 
@@ -46,15 +43,6 @@ NR_HUGEPAGES = Path("/proc/sys/vm/nr_hugepages")
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mlock.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _libc.munlock.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-
-
-def parse_size(text: str) -> int:
-    """Parse 4G, 512M, 4096 into bytes (binary units)."""
-    units = {"K": 10, "M": 20, "G": 30, "T": 40}
-    text = text.strip().upper().removesuffix("IB").removesuffix("B")
-    if text and text[-1] in units:
-        return int(float(text[:-1]) * (1 << units[text[-1]]))
-    return int(text)
 
 
 @contextlib.contextmanager
@@ -71,32 +59,6 @@ def reserved_hugepages(pages: int | None) -> Iterator[None]:
     finally:
         NR_HUGEPAGES.write_text(str(old))
         print(f"nr_hugepages restored to {NR_HUGEPAGES.read_text().strip()}")
-
-
-def time_alloc_only(size: int, **kwargs: object) -> tuple[float, str]:
-    """Seconds until allocate_host returns (resident); the check and close are not timed."""
-    gc.collect()
-    start = time.perf_counter()
-    buf = allocate_host(size, **kwargs)  # type: ignore[arg-type]
-    elapsed = time.perf_counter() - start
-    try:
-        resident = _native.resident_bytes(buf.address, buf.mapped_size)
-        if resident != buf.mapped_size:
-            raise RuntimeError(f"only {resident} of {buf.mapped_size} bytes resident")
-        how = f"{buf.kind}, {buf.hugepages}, pinned={buf.pinned}, {buf.threads_used} thr"
-    finally:
-        buf.close()
-    return elapsed, how
-
-
-def time_torch(size: int) -> tuple[float, str]:
-    """Seconds for torch.zeros of size bytes."""
-    gc.collect()
-    start = time.perf_counter()
-    t = torch.zeros(size, dtype=torch.uint8)
-    elapsed = time.perf_counter() - start
-    del t
-    return elapsed, f"torch {torch.__version__}, {torch.get_num_threads()} threads"
 
 
 def mlock_cost(size: int, hugepages: str) -> dict[str, object] | None:
@@ -144,25 +106,25 @@ def main(argv: list[str] | None = None) -> int:
             f"MADV_POPULATE_WRITE {'yes' if caps.populate_write else 'no'}"
         )
         variants: dict[str, Callable[[], tuple[float, str]]] = {
-            "torch.zeros": lambda: time_torch(size),
-            "allocate_host(hugepages='auto')": lambda: time_alloc_only(size, hugepages="auto"),
+            "torch.zeros": lambda: time_torch_zeros(size),
+            "allocate_host(hugepages='auto')": lambda: time_allocate_host(size, hugepages="auto"),
         }
         if not args.quick:
             variants |= {
-                "4K, 1 thread, pin=none": lambda: time_alloc_only(size, pin="none", threads=1),
-                f"4K, {threads} threads, pin=none": lambda: time_alloc_only(
+                "4K, 1 thread, pin=none": lambda: time_allocate_host(size, pin="none", threads=1),
+                f"4K, {threads} threads, pin=none": lambda: time_allocate_host(
                     size, pin="none", threads=threads
                 ),
-                f"4K, {threads} threads, pin=mlock": lambda: time_alloc_only(
+                f"4K, {threads} threads, pin=mlock": lambda: time_allocate_host(
                     size, pin="mlock", threads=threads
                 ),
-                f"THP, {threads} threads, pin=none": lambda: time_alloc_only(
+                f"THP, {threads} threads, pin=none": lambda: time_allocate_host(
                     size, pin="none", hugepages="thp"
                 ),
-                "hugetlb, 1 thread, pin=none": lambda: time_alloc_only(
+                "hugetlb, 1 thread, pin=none": lambda: time_allocate_host(
                     size, pin="none", hugepages="auto", threads=1
                 ),
-                f"hugetlb, {threads} threads, pin=none": lambda: time_alloc_only(
+                f"hugetlb, {threads} threads, pin=none": lambda: time_allocate_host(
                     size, pin="none", hugepages="auto"
                 ),
             }

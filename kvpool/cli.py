@@ -1,8 +1,8 @@
 """The ``kvpool`` command line.
 
-One parser with a subcommand per job.  Today there is ``info`` (the
-capability report with advice); ``demo`` and ``bench`` are added by
-registering more subcommands in :data:`SUBCOMMANDS`::
+One parser with a subcommand per job: ``info`` (the capability report
+with advice) and ``bench`` (the benchmark suite, :mod:`kvpool.benchmarks`).
+More are added by registering them in :data:`SUBCOMMANDS`::
 
     def add_demo(subparsers) -> None:
         p = subparsers.add_parser("demo", help="...")
@@ -55,8 +55,14 @@ def _add_info(subparsers: Any) -> None:
     p.set_defaults(func=run_info)
 
 
+def _add_bench(subparsers: Any) -> None:
+    from kvpool.benchmarks.cli import add_parser
+
+    add_parser(subparsers)
+
+
 #: Functions that each add one subcommand to the subparsers object.
-SUBCOMMANDS: list[Callable[[Any], None]] = [_add_info]
+SUBCOMMANDS: list[Callable[[Any], None]] = [_add_info, _add_bench]
 
 
 def build_parser() -> argparse.ArgumentParser:
