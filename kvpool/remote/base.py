@@ -129,9 +129,12 @@ def allocate(
     allocator: MemoryAllocatorInterface,
     layout: Layout,
     fmt: MemoryFormat,
-    where: str,
+    where: str | Callable[[], str],
 ) -> MemoryObj:
     """Allocate the destination of a ``get``.
+
+    ``where`` names the entry in the error message (a callable is only
+    called on error).
 
     Raises:
         OutOfMemoryError: the allocator is full (``allocate`` returned None).
@@ -140,6 +143,8 @@ def allocate(
     """
     obj = allocator.allocate(list(layout.shapes), list(layout.dtypes), fmt)
     if obj is None:
+        if callable(where):
+            where = where()
         raise OutOfMemoryError(
             f"{where}: the allocator {allocator!r} has no room for an object of "
             f"{layout.nbytes} bytes; free objects or use a larger pool"

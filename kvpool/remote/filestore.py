@@ -175,15 +175,13 @@ class FileStore(RemoteStore):
             return self._prefix + "k" + name
         return self._prefix + "h" + hashlib.sha256(kb).hexdigest()
 
-    @staticmethod
-    def _where(action: str, kb: bytes) -> str:
-        return f"{action} {kb!r}"
+    def _where(self, action: str, kb: bytes) -> str:
+        return f"{action} {kb!r} ({self._path(kb)})"
 
     def _os_error(self, exc: OSError, action: str, kb: bytes) -> RemoteStoreError:
         return RemoteStoreError(
             exc.errno,
-            f"{self._where(action, kb)} in {self.directory!r}: "
-            f"{exc.strerror or exc} ({type(exc).__name__})",
+            f"{self._where(action, kb)}: {exc.strerror or exc} ({type(exc).__name__})",
         )
 
     # -- put ---------------------------------------------------------
@@ -285,7 +283,7 @@ class FileStore(RemoteStore):
         obj = None
         try:
             if layout is not None and fmt is not None:
-                obj = allocate(allocator, layout, fmt, self._where("get", kb))
+                obj = allocate(allocator, layout, fmt, lambda: self._where("get", kb))
                 view = obj.byte_array
                 header = bytearray(layout.header_size)
                 n = os.preadv(fd, (header, view, bytearray(1)), 0)
