@@ -33,8 +33,8 @@ from kvpool.errors import (
 )
 from kvpool.formats import MemoryFormat, normalize_layout
 from kvpool.interface import MemoryAllocatorInterface
-from kvpool.objects import MemoryObj
-from kvpool.remote.header import EntryInfo, Layout, layout_for
+from kvpool.objects import MemoryObj, TensorMemoryObj
+from kvpool.remote.header import EntryInfo, Layout, layout_for, remember, requested
 
 __all__ = ["MAX_KEY_BYTES", "Key", "RemoteStore", "key_bytes"]
 
@@ -83,7 +83,7 @@ def hold(obj: object, action: str) -> None:
         InvalidArgumentError: ``obj`` is not a memory object.
         InvalidHandleError: ``obj`` was freed (nothing is held then).
     """
-    if not isinstance(obj, MemoryObj):
+    if obj.__class__ is not TensorMemoryObj and not isinstance(obj, MemoryObj):
         raise InvalidArgumentError(f"{action}: expected a MemoryObj, got {type(obj).__name__}")
     if not obj.is_valid():
         raise InvalidHandleError(f"{action} of a freed memory object {obj!r}")
@@ -141,7 +141,7 @@ def allocate(
         PoolClosedError: the allocator was closed.
         InvalidArgumentError: the allocator refuses the layout.
     """
-    obj = allocator.allocate(list(layout.shapes), list(layout.dtypes), fmt)
+    obj = allocator.allocate(layout.alloc_shapes, layout.alloc_dtypes, fmt)
     if obj is None:
         if callable(where):
             where = where()
@@ -167,8 +167,12 @@ def requested_layout(
         raise InvalidArgumentError(
             "give both shapes and dtypes (or neither, to allocate the stored layout)"
         )
-    shape_list, dtype_list, _ = normalize_layout(shapes, dtypes)
-    return layout_for(shape_list, dtype_list)
+    layout = requested(shapes, dtypes)
+    if layout is None:
+        shape_list, dtype_list, _ = normalize_layout(shapes, dtypes)
+        layout = layout_for(shape_list, dtype_list)
+        remember(shapes, dtypes, layout)
+    return layout
 
 
 def check_format(fmt: object) -> MemoryFormat | None:

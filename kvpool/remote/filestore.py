@@ -35,6 +35,7 @@ import contextlib
 import hashlib
 import itertools
 import os
+import re
 import time
 import zlib
 from collections.abc import Sequence
@@ -85,6 +86,7 @@ _WFLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _CLOEXEC | _NOFOLLOW
 _TMP = ".tmp-"
 _MAX_NAME = 200
 _HEAD_READ = 4096
+_PLAIN_NAME = re.compile(rb"[A-Za-z0-9_.~-]{0,199}").fullmatch
 
 
 def _pid_alive(pid: int) -> bool:
@@ -170,6 +172,8 @@ class FileStore(RemoteStore):
         return self._path(key_bytes(key))
 
     def _path(self, kb: bytes) -> str:
+        if _PLAIN_NAME(kb) is not None:  # what quote_from_bytes leaves as it is
+            return self._prefix + "k" + kb.decode("ascii")
         name = quote_from_bytes(kb, safe="")
         if len(name) < _MAX_NAME:
             return self._prefix + "k" + name
@@ -287,14 +291,17 @@ class FileStore(RemoteStore):
                 view = obj.byte_array
                 header = bytearray(layout.header_size)
                 n = os.preadv(fd, (header, view, bytearray(1)), 0)
-                if n == layout.header_size + layout.nbytes and matches(header, layout):
-                    flags, size, crc, fmt_value = fixed_fields(header)
-                    if (
-                        size == layout.nbytes
-                        and fmt_value == fmt.value
-                        and (not flags & FLAG_PAYLOAD_CRC or zlib.crc32(view) == crc)
-                    ):
+                if n == layout.header_size + layout.nbytes:
+                    if header == layout.plain_header(fmt):
                         return obj
+                    if matches(header, layout):
+                        flags, size, crc, fmt_value = fixed_fields(header)
+                        if (
+                            size == layout.nbytes
+                            and fmt_value == fmt.value
+                            and (not flags & FLAG_PAYLOAD_CRC or zlib.crc32(view) == crc)
+                        ):
+                            return obj
                 # Something differs: find out what (or accept a narrowed entry).
                 info = self._diagnose(fd, n, layout, fmt, kb)
                 self._finish(obj, view, info, kb)

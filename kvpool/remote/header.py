@@ -32,6 +32,7 @@ import struct
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -91,9 +92,10 @@ class EntryInfo:
     payload_crc: int | None
 
 
-@dataclass(frozen=True)
 class Layout:
     """The encoded group records of one (shapes, dtypes) layout.
+
+    Built by :func:`layout_for` (cached); treat as immutable.
 
     Attributes:
         shapes: the shapes (a tuple of ``torch.Size``).
@@ -101,13 +103,52 @@ class Layout:
         record: the encoded group records (what follows the fixed part).
         nbytes: bytes of the layout.
         header_size: size of a header carrying this layout.
+        alloc_shapes: ``shapes`` as an allocator takes them (a bare
+            ``torch.Size`` for one group: the allocators' fast path).
+        alloc_dtypes: ``dtypes`` likewise.
     """
 
-    shapes: tuple[torch.Size, ...]
-    dtypes: tuple[torch.dtype, ...]
-    record: bytes
-    nbytes: int
-    header_size: int
+    __slots__ = (
+        "_plain",
+        "alloc_dtypes",
+        "alloc_shapes",
+        "dtypes",
+        "header_size",
+        "nbytes",
+        "record",
+        "shapes",
+    )
+
+    def __init__(
+        self,
+        shapes: tuple[torch.Size, ...],
+        dtypes: tuple[torch.dtype, ...],
+        record: bytes,
+        nbytes: int,
+        header_size: int,
+    ) -> None:
+        self.shapes = shapes
+        self.dtypes = dtypes
+        self.record = record
+        self.nbytes = nbytes
+        self.header_size = header_size
+        single = len(shapes) == 1
+        self.alloc_shapes: torch.Size | list[torch.Size] = shapes[0] if single else list(shapes)
+        self.alloc_dtypes: torch.dtype | list[torch.dtype] = dtypes[0] if single else list(dtypes)
+        self._plain: dict[MemoryFormat, bytes] = {}
+
+    def plain_header(self, fmt: MemoryFormat) -> bytes:
+        """The header of a full-size entry of this layout without payload CRC (cached).
+
+        A ``get`` whose header equals it byte for byte needs no other check.
+        """
+        header = self._plain.get(fmt)
+        if header is None:
+            header = self._plain[fmt] = _build_header(self, fmt, self.nbytes, None)
+        return header
+
+    def __repr__(self) -> str:
+        return f"<Layout {list(self.shapes)} {list(self.dtypes)} {self.nbytes} bytes>"
 
 
 def _dtype_name(dtype: torch.dtype) -> bytes:
@@ -166,6 +207,39 @@ def layout_for(shapes: Sequence[torch.Size], dtypes: Sequence[torch.dtype]) -> L
     return layout
 
 
+_requests: dict[tuple[Any, Any], Layout] = {}
+
+
+def requested(shapes: Any, dtypes: Any) -> Layout | None:
+    """The cached :class:`Layout` of a ``get``'s raw ``shapes``/``dtypes`` arguments.
+
+    Returns None when this exact request was not seen before (or is not
+    hashable); the caller then normalizes it and calls :func:`remember`.
+    """
+    try:
+        key = (
+            shapes if shapes.__class__ is not list else tuple(shapes),
+            dtypes if dtypes.__class__ is not list else tuple(dtypes),
+        )
+        return _requests.get(key)
+    except TypeError:
+        return None
+
+
+def remember(shapes: Any, dtypes: Any, layout: Layout) -> None:
+    """Cache ``layout`` for the raw request (bounded like :func:`layout_for`)."""
+    try:
+        key = (
+            shapes if shapes.__class__ is not list else tuple(shapes),
+            dtypes if dtypes.__class__ is not list else tuple(dtypes),
+        )
+        if len(_requests) >= _CACHE_MAX:
+            _requests.clear()
+        _requests[key] = layout
+    except TypeError:
+        pass
+
+
 def encode_header(layout: Layout, fmt: MemoryFormat, size: int, payload_crc: int | None) -> bytes:
     """Build the header of an entry.
 
@@ -178,6 +252,12 @@ def encode_header(layout: Layout, fmt: MemoryFormat, size: int, payload_crc: int
     Returns:
         ``layout.header_size`` bytes.
     """
+    if payload_crc is None and size == layout.nbytes:
+        return layout.plain_header(fmt)
+    return _build_header(layout, fmt, size, payload_crc)
+
+
+def _build_header(layout: Layout, fmt: MemoryFormat, size: int, payload_crc: int | None) -> bytes:
     flags = 0 if payload_crc is None else FLAG_PAYLOAD_CRC
     fixed = _FIXED.pack(
         MAGIC,
