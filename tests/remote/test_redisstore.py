@@ -29,7 +29,7 @@ from kvpool.errors import (
 from kvpool.remote import RedisStore, open_store
 from kvpool.remote.header import encode_header, layout_for
 
-from .conftest import KV_DTYPE, KV_FMT, KV_SHAPE, RedisServer, assert_clean, fill
+from .conftest import KV_DTYPE, KV_FMT, KV_SHAPE, RedisServer, assert_clean, fill, need_redis
 
 KV_BYTES = KV_SHAPE.numel() * KV_DTYPE.itemsize
 
@@ -272,6 +272,7 @@ def assert_clean_but(pool: kvpool.TensorMemoryAllocator, live: int) -> None:
 
 @pytest.mark.redis
 def test_unreachable_server() -> None:
+    need_redis()
     port = _closed_port()
     t0 = time.monotonic()
     with pytest.raises(StoreConnectionError, match=f"127.0.0.1:{port}"):
