@@ -15,7 +15,22 @@ How the bytes move:
   entry or the new one, never part of one.  A writer killed before the
   rename leaves only a temporary file, which no reader looks at and
   :meth:`FileStore.cleanup_temp` removes.
-* ``get`` with the layout given: ``open``, allocate, one
+* Reused files (``reuse_files=True``, the default): creating a file on
+  tmpfs allocates its pages and replacing one frees the old pages, which
+  costs about as much as copying the bytes.  So a put replaces an entry
+  with ``renameat2(RENAME_EXCHANGE)`` instead of ``rename``: the replaced
+  file keeps its pages under the temporary name and becomes a *spare* that
+  the next put overwrites (``pwritev`` + ``ftruncate``) and swaps in the
+  same way.  Safety for readers: a writer rewrites a spare only while it
+  holds ``flock(LOCK_EX | LOCK_NB)`` on it (else it drops the spare and
+  writes a new file), and a reader takes ``LOCK_SH`` after ``open`` and then
+  checks that its file is still the one under the entry's name (if not -
+  swapped out, perhaps rewritten for another key - it opens the name
+  again).  So a reader always reads one whole entry of its key.  Spares are
+  ``.tmp-`` files: invisible to readers, removed by ``close`` and by
+  :meth:`FileStore.cleanup_temp` once their process is gone.
+* ``get`` with the layout given: ``open`` (+ ``flock``, ``fstat``, ``stat``),
+  allocate, one
   ``os.preadv([header, byte_array, 1 spare byte])`` (the kernel copies
   from the file into the new object: the one copy), then the header,
   sizes and optional CRC are checked; anything wrong frees the object
@@ -32,10 +47,14 @@ outside the directory.  Temporary files start with ``.tmp-``.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
+import fcntl
 import hashlib
 import itertools
 import os
 import re
+import threading
 import time
 import zlib
 from collections.abc import Sequence
@@ -86,7 +105,45 @@ _WFLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _CLOEXEC | _NOFOLLOW
 _TMP = ".tmp-"
 _MAX_NAME = 200
 _HEAD_READ = 4096
+_OPEN_TRIES = 100
 _PLAIN_NAME = re.compile(rb"[A-Za-z0-9_.~-]{0,199}").fullmatch
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _load_renameat2() -> object | None:
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):  # glibc < 2.28, or not glibc
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_renameat2 = _load_renameat2()
+
+
+def _exchange(a: str, b: str) -> bool:
+    """Atomically swap the files at ``a`` and ``b`` (``renameat2(RENAME_EXCHANGE)``).
+
+    Returns:
+        False when ``b`` does not exist (nothing was done).
+
+    Raises:
+        OSError: the call failed otherwise (``EINVAL``/``ENOSYS``: the file
+            system or kernel cannot exchange).
+    """
+    if _renameat2 is None:
+        raise OSError(errno.ENOSYS, "renameat2 is not available")
+    if _renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:  # type: ignore[operator]
+        return True
+    err = ctypes.get_errno()
+    if err == errno.ENOENT and os.path.lexists(a):
+        return False
+    raise OSError(err, os.strerror(err))
 
 
 def _pid_alive(pid: int) -> bool:
@@ -113,6 +170,10 @@ class FileStore(RemoteStore):
         durable: fsync each file before its rename and the directory
             after it (for disk directories; pointless on tmpfs).
         io_threads: threads for the batched forms (1: the caller's thread).
+        reuse_files: let ``put`` overwrite the file of an entry it replaced
+            earlier instead of creating a new one (tmpfs then allocates and
+            frees no pages: puts are about twice as fast).  Readers stay
+            safe (see the module notes).  Off with ``durable``.
         cleanup_temp_age_s: at start, remove temporary files of dead
             writers older than this many seconds (None: leave them).
 
@@ -132,6 +193,7 @@ class FileStore(RemoteStore):
         checksum: bool = False,
         durable: bool = False,
         io_threads: int = 1,
+        reuse_files: bool = True,
         cleanup_temp_age_s: float | None = 60.0,
     ) -> None:
         super().__init__(io_threads)
@@ -158,6 +220,12 @@ class FileStore(RemoteStore):
         self._checksum = bool(checksum)
         self._durable = bool(durable)
         self._seq = itertools.count()
+        # Spare files: replaced entries kept to be overwritten by later puts.
+        self._reuse = bool(reuse_files) and not self._durable and _renameat2 is not None
+        self._spares: list[str] = []
+        self._spares_pid = os.getpid()
+        self._spares_lock = threading.Lock()
+        self._max_spares = io_threads + 1
         if cleanup_temp_age_s is not None:
             self.cleanup_temp(cleanup_temp_age_s)
 
@@ -214,6 +282,10 @@ class FileStore(RemoteStore):
             release(memory_obj)
 
     def _write(self, path: str, header: bytes, view: memoryview, kb: bytes) -> None:
+        if self._reuse:
+            spare = self._take_spare()
+            if spare is not None and self._overwrite_spare(spare, path, header, view, kb):
+                return
         tmp = f"{self._prefix}{_TMP}{os.getpid()}-{next(self._seq)}"
         try:
             fd = os.open(tmp, _WFLAGS, 0o644)
@@ -221,14 +293,22 @@ class FileStore(RemoteStore):
             raise self._os_error(exc, "put", kb) from exc
         try:
             try:
-                total = len(header) + view.nbytes
-                done = os.writev(fd, (header, view))
-                if done != total:
-                    _write_rest(fd, header, view, done)
+                _write_all(fd, header, view)
                 if self._durable:
                     os.fsync(fd)
             finally:
                 os.close(fd)
+            if self._reuse:
+                try:
+                    replaced = _exchange(tmp, path)
+                except OSError as exc:
+                    if exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.EPERM):
+                        raise
+                    self._reuse = False  # this file system cannot exchange
+                    replaced = False
+                if replaced:
+                    self._give_spare(tmp)  # tmp now names the replaced entry
+                    return
             os.rename(tmp, path)
         except BaseException as exc:
             with contextlib.suppress(OSError):
@@ -238,6 +318,71 @@ class FileStore(RemoteStore):
             raise
         if self._durable:
             self._sync_directory(kb)
+
+    def _overwrite_spare(
+        self, spare: str, path: str, header: bytes, view: memoryview, kb: bytes
+    ) -> bool:
+        """Write the entry into a spare file and swap it in; False: use a new file.
+
+        The spare is locked (``LOCK_EX``) while it is rewritten; a reader that
+        still has it open from when it was an entry holds ``LOCK_SH``, and
+        then the spare is dropped instead.
+        """
+        try:
+            fd = os.open(spare, os.O_RDWR | _CLOEXEC | _NOFOLLOW)
+        except OSError:
+            return False
+        keep = False
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False  # a reader is still on it
+            total = _write_all(fd, header, view, at=0)
+            os.ftruncate(fd, total)
+            if _exchange(spare, path):
+                keep = True  # the spare now names the entry this put replaced
+            else:
+                os.rename(spare, path)  # the entry was deleted meanwhile
+            return True
+        except BaseException as exc:
+            if isinstance(exc, OSError) and not isinstance(exc, KVPoolError):
+                raise self._os_error(exc, "put", kb) from exc
+            raise
+        finally:
+            os.close(fd)  # also drops the lock
+            if keep:
+                self._give_spare(spare)
+            else:
+                with contextlib.suppress(OSError):
+                    os.unlink(spare)
+
+    def _take_spare(self) -> str | None:
+        with self._spares_lock:
+            if self._spares_pid != os.getpid():  # forked: those are the parent's
+                self._spares = []
+                self._spares_pid = os.getpid()
+            return self._spares.pop() if self._spares else None
+
+    def _give_spare(self, name: str) -> None:
+        with self._spares_lock:
+            if (
+                self._spares_pid == os.getpid()
+                and len(self._spares) < self._max_spares
+                and not self._closed
+            ):
+                self._spares.append(name)
+                return
+        with contextlib.suppress(OSError):
+            os.unlink(name)
+
+    def _close(self) -> None:
+        with self._spares_lock:
+            spares, self._spares = self._spares, []
+            mine = self._spares_pid == os.getpid()
+        for name in spares if mine else ():
+            with contextlib.suppress(OSError):
+                os.unlink(name)
 
     def _sync_directory(self, kb: bytes) -> None:
         try:
@@ -278,12 +423,9 @@ class FileStore(RemoteStore):
         self._check_open()
         layout = requested_layout(shapes, dtypes)
         fmt = check_format(fmt)
-        try:
-            fd = os.open(self._path(kb), _RFLAGS)
-        except FileNotFoundError:
+        fd = self._open_entry(kb, "get")
+        if fd is None:
             return None
-        except OSError as exc:
-            raise self._os_error(exc, "get", kb) from exc
         obj = None
         try:
             if layout is not None and fmt is not None:
@@ -331,6 +473,44 @@ class FileStore(RemoteStore):
             raise
         finally:
             os.close(fd)
+
+    def _open_entry(self, kb: bytes, action: str) -> int | None:
+        """Open the entry's file for reading, safe against file reuse.
+
+        Takes ``LOCK_SH`` on the file (a writer rewrites a reused file only
+        under ``LOCK_EX``), then checks the file is still the one at the
+        entry's name: if it was swapped out meanwhile (and maybe rewritten
+        for another entry), it opens the name again.
+
+        Returns:
+            The descriptor (the caller closes it), or None: no entry.
+        """
+        path = self._path(kb)
+        try:
+            for _ in range(_OPEN_TRIES):
+                try:
+                    fd = os.open(path, _RFLAGS)
+                except FileNotFoundError:
+                    return None
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_SH)
+                    st = os.fstat(fd)
+                    now = os.stat(path, follow_symlinks=False)
+                    if now.st_ino == st.st_ino and now.st_dev == st.st_dev:
+                        fd, keep = -1, fd
+                        return keep
+                except FileNotFoundError:
+                    return None
+                finally:
+                    if fd >= 0:
+                        os.close(fd)
+        except OSError as exc:
+            raise self._os_error(exc, action, kb) from exc
+        raise RemoteStoreError(
+            errno.EBUSY,
+            f"{self._where(action, kb)}: the entry was replaced {_OPEN_TRIES} times "
+            "while being opened",
+        )
 
     def _finish(self, obj: MemoryObj, view: memoryview, info: EntryInfo, kb: bytes) -> None:
         """Check the payload CRC and narrow a partial entry; raise on a mismatch."""
@@ -414,12 +594,9 @@ class FileStore(RemoteStore):
         """
         kb = key_bytes(key)
         self._check_open()
-        try:
-            fd = os.open(self._path(kb), _RFLAGS)
-        except FileNotFoundError:
+        fd = self._open_entry(kb, "head")
+        if fd is None:
             return None
-        except OSError as exc:
-            raise self._os_error(exc, "head", kb) from exc
         try:
             info = self._read_header(fd, kb)
             file_size = os.fstat(fd).st_size
@@ -479,13 +656,20 @@ class FileStore(RemoteStore):
         return f"<FileStore {self.directory!r}{' closed' if self._closed else ''}>"
 
 
-def _write_rest(fd: int, header: bytes, view: memoryview, done: int) -> None:
-    """Finish a short ``writev`` (rare: a signal, or a file system's limit)."""
+def _write_all(fd: int, header: bytes, view: memoryview, at: int | None = None) -> int:
+    """Write header then bytes (one ``writev``/``pwritev``, more if it is short).
+
+    Returns:
+        The bytes written.
+    """
     total = len(header) + view.nbytes
+    parts = (header, view)
+    done = os.writev(fd, parts) if at is None else os.pwritev(fd, parts, at)
     hsize = len(header)
     while done < total:
         rest = header[done:] if done < hsize else view[done - hsize :]
-        n = os.write(fd, rest)
+        n = os.write(fd, rest) if at is None else os.pwrite(fd, rest, at + done)
         if n <= 0:
-            raise OSError(5, "write made no progress")
+            raise OSError(errno.EIO, "write made no progress")
         done += n
+    return total

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -9,6 +10,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -118,17 +120,20 @@ _CRASHING_WRITER = textwrap.dedent(
     """
     import os, signal, sys
     import torch, kvpool
-    from kvpool.remote import FileStore
+    import kvpool.remote.filestore as filestore
 
-    store = FileStore(sys.argv[1])
+    store = filestore.FileStore(sys.argv[1])
     pool = kvpool.TensorMemoryAllocator(torch.empty(1 << 20, dtype=torch.uint8))
     obj = pool.allocate(torch.Size([2, 4, 16, 32]), torch.float16, kvpool.MemoryFormat.KV_2LTD)
+    for fill in sys.argv[2:]:  # earlier puts (they leave a spare file to reuse)
+        obj.byte_array[:] = bytes([int(fill)]) * obj.get_size()
+        store.put("k", obj)
     obj.byte_array[:] = b"\\x5a" * obj.get_size()
 
     def crash(src, dst):  # the writer dies after its write, before its rename
         os.kill(os.getpid(), signal.SIGKILL)
 
-    os.rename = crash
+    os.rename = filestore._exchange = crash
     store.put("k", obj)
     """
 )
@@ -152,6 +157,28 @@ def test_writer_killed_before_rename_leaves_old_entry(
     # a store opened later removes it
     FileStore(file_store.directory, cleanup_temp_age_s=0).close()
     assert os.listdir(file_store.directory) == [path.name]
+
+
+@pytest.mark.parametrize("reuse", [False, True])
+def test_writer_killed_while_rewriting_a_reused_file(
+    file_store: FileStore, pool: kvpool.TensorMemoryAllocator, reuse: bool
+) -> None:
+    # Three puts of "k" before the crash: the fourth rewrites the file the
+    # second one replaced (kept as a spare).
+    args = ["1", "2", "3"] if reuse else []
+    proc = subprocess.run(
+        [sys.executable, "-c", _CRASHING_WRITER, file_store.directory, *args],
+        capture_output=True,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()
+    got = file_store.get("k", pool, KV_SHAPE, KV_DTYPE, KV_FMT)
+    if reuse:
+        assert got is not None and bytes(got.byte_array) == b"\x03" * KV_BYTES
+        got.ref_count_down()
+    else:
+        assert got is None
+    FileStore(file_store.directory, cleanup_temp_age_s=0).close()
+    assert os.listdir(file_store.directory) == ([Path(file_store.path("k")).name] if reuse else [])
 
 
 def test_writer_killed_before_rename_leaves_no_entry(
@@ -378,3 +405,131 @@ def test_cleanup_ignores_foreign_names(file_store: FileStore) -> None:
     os.utime(directory / ".tmp-notapid-1", (old, old))
     assert file_store.cleanup_temp(0) == 0
     assert sorted(os.listdir(directory)) == [".tmp-notapid-1", "unrelated"]
+
+
+# -- reused files ------------------------------------------------------
+
+
+def _uniform(pool: kvpool.TensorMemoryAllocator, value: int) -> kvpool.MemoryObj:
+    obj = pool.allocate(KV_SHAPE, KV_DTYPE, KV_FMT)
+    obj.byte_array[:] = bytes([value]) * KV_BYTES  # type: ignore[union-attr]
+    return obj  # type: ignore[return-value]
+
+
+def test_puts_reuse_replaced_files(
+    file_store: FileStore, pool: kvpool.TensorMemoryAllocator
+) -> None:
+    objs = [_uniform(pool, v) for v in range(4)]
+    inodes = []
+    for obj in objs:
+        file_store.put("k", obj)
+        inodes.append(os.stat(file_store.path("k")).st_ino)
+    assert inodes[2] == inodes[0] and inodes[3] == inodes[1]  # two files take turns
+    assert len(os.listdir(file_store.directory)) == 2  # the entry and one spare
+    got = file_store.get("k", pool)
+    assert got is not None and bytes(got.byte_array) == bytes([3]) * KV_BYTES
+    got.ref_count_down()
+    file_store.close()
+    assert os.listdir(file_store.directory) == [Path(file_store.path("k")).name]
+    pool.batched_free(objs)
+
+
+def test_no_reuse_when_disabled(tmp_path: Path, pool: kvpool.TensorMemoryAllocator) -> None:
+    with FileStore(tmp_path / "s", reuse_files=False) as store:
+        obj = _uniform(pool, 1)
+        inodes = set()
+        for _ in range(4):
+            store.put("k", obj)
+            inodes.add(os.stat(store.path("k")).st_ino)
+            assert len(os.listdir(store.directory)) == 1
+        obj.ref_count_down()
+
+
+def test_a_file_being_read_is_not_reused(
+    file_store: FileStore, pool: kvpool.TensorMemoryAllocator
+) -> None:
+    objs = [_uniform(pool, v) for v in range(4)]
+    file_store.put("k", objs[0])
+    reader = file_store._open_entry(b"k", "get")  # holds LOCK_SH, as a get does
+    assert reader is not None
+    for obj in objs[1:]:  # the second put would rewrite the reader's file
+        file_store.put("k", obj)
+    assert os.pread(reader, KV_BYTES + 4096, 0)[-KV_BYTES:] == bytes([0]) * KV_BYTES
+    os.close(reader)
+    got = file_store.get("k", pool)
+    assert got is not None and bytes(got.byte_array) == bytes([3]) * KV_BYTES
+    got.ref_count_down()
+    pool.batched_free(objs)
+
+
+def test_reader_reopens_when_its_file_was_swapped_out(
+    file_store: FileStore, pool: kvpool.TensorMemoryAllocator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import fcntl
+
+    import kvpool.remote.filestore as filestore
+
+    a, b, c = (_uniform(pool, v) for v in (1, 2, 3))
+    file_store.put("k", a)
+    file_store.put("other", b)
+    real_flock = fcntl.flock
+    calls = []
+
+    def racing_flock(fd: int, op: int) -> None:
+        # Between the reader's open and its lock, the writer swaps "k" out and
+        # rewrites its old file for another key.
+        if op == fcntl.LOCK_SH and not calls:
+            calls.append(fd)
+            file_store.put("k", c)  # "k"'s old file becomes a spare
+            file_store.put("other", a)  # ... rewritten with "other"'s entry
+        real_flock(fd, op)
+
+    monkeypatch.setattr(filestore.fcntl, "flock", racing_flock)
+    got = file_store.get("k", pool, KV_SHAPE, KV_DTYPE, KV_FMT)
+    assert calls  # the race happened
+    assert got is not None and bytes(got.byte_array) == bytes([3]) * KV_BYTES
+    for obj in (a, b, c, got):
+        obj.ref_count_down()
+
+
+def _hammer(directory: str, writer: bool, seconds: float, results: Any) -> None:
+    """Put (writer) or get and check (reader) 4 keys for ``seconds``."""
+    store = FileStore(directory)
+    pool = kvpool.TensorMemoryAllocator(torch.empty(4 << 20, dtype=torch.uint8))
+    obj = pool.allocate(KV_SHAPE, KV_DTYPE, KV_FMT)
+    assert obj is not None
+    end = time.monotonic() + seconds
+    n = bad = 0
+    while time.monotonic() < end:
+        key = n % 4
+        if writer:  # every byte of an entry of key i is 16 * i + version
+            obj.byte_array[:] = bytes([16 * key + n % 16]) * KV_BYTES
+            store.put(str(key), obj)
+        else:
+            got = store.get(str(key), pool, KV_SHAPE, KV_DTYPE, KV_FMT)
+            if got is not None:
+                data = bytes(got.byte_array)
+                if data != data[:1] * len(data) or data[0] // 16 != key:
+                    bad += 1
+                got.ref_count_down()
+        n += 1
+    results.put((writer, n, bad))
+
+
+def test_processes_never_see_torn_or_foreign_entries(tmp_path: Path) -> None:
+    # Two writers rewrite reused files while two readers read: without the
+    # readers' lock and check, readers see mixed or other keys' bytes
+    # (dozens per second on the development VM).
+    directory = str(tmp_path / "shared")
+    FileStore(directory).close()
+    ctx = multiprocessing.get_context("fork")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_hammer, args=(directory, w, 1.0, results)) for w in (1, 1, 0, 0)]
+    for proc in procs:
+        proc.start()
+    out = [results.get(timeout=60) for _ in procs]
+    for proc in procs:
+        proc.join(10)
+        assert proc.exitcode == 0
+    assert all(bad == 0 for _, _, bad in out), out
+    assert all(n > 0 for _, n, _ in out), out
