@@ -261,8 +261,9 @@ class FileStore(RemoteStore):
     def put(self, key: Key, memory_obj: MemoryObj) -> None:
         """Store ``memory_obj`` under ``key`` (see :meth:`RemoteStore.put`).
 
-        One temporary file, one ``writev`` of header and bytes, one
-        ``rename``; no copy in Python.
+        One ``writev`` of header and bytes into a new temporary file (or
+        one ``pwritev`` into a reused spare file), then one atomic rename
+        (or exchange) onto the entry's name; no copy in Python.
 
         Raises:
             InvalidArgumentError: bad key or object.
@@ -331,6 +332,8 @@ class FileStore(RemoteStore):
         try:
             fd = os.open(spare, os.O_RDWR | _CLOEXEC | _NOFOLLOW)
         except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(spare)
             return False
         keep = False
         try:
