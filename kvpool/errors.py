@@ -12,6 +12,7 @@ from __future__ import annotations
 
 __all__ = [
     "AddressSpaceExhaustedError",
+    "CorruptEntryError",
     "FeatureUnavailableError",
     "HugePagesExhaustedError",
     "InvalidArgumentError",
@@ -22,8 +23,11 @@ __all__ = [
     "OutOfMemoryError",
     "PoolClosedError",
     "RefCountError",
+    "RemoteStoreError",
     "SharedMemoryExistsError",
     "SharedMemoryNotFoundError",
+    "StoreConnectionError",
+    "StoreTimeoutError",
 ]
 
 
@@ -89,3 +93,30 @@ class FeatureUnavailableError(KVPoolError, OSError):
 
 class NativeError(KVPoolError, OSError):
     """The operating system or a driver refused a request."""
+
+
+# -- remote stores (kvpool.remote) -------------------------------------
+
+
+class RemoteStoreError(KVPoolError, OSError):
+    """A remote or file store failed or refused a request.
+
+    The base of the store errors below; also raised as is for a refusal
+    that has no more specific class (e.g. the server's out-of-memory reply).
+    """
+
+
+class CorruptEntryError(RemoteStoreError):
+    """A stored entry is truncated, corrupted or was not written by kvpool.
+
+    Raised by ``get`` after the destination object was freed: a damaged
+    entry is never returned, not even in part.
+    """
+
+
+class StoreConnectionError(RemoteStoreError, ConnectionError):
+    """The connection to a store server could not be made or was lost."""
+
+
+class StoreTimeoutError(RemoteStoreError, TimeoutError):
+    """A store server did not answer within the configured timeout."""

@@ -1,0 +1,488 @@
+"""The store interface and the helpers every store shares.
+
+Copies and lifetimes
+--------------------
+A store never copies an object's bytes in Python: ``put`` hands the
+object's ``byte_array`` (a memoryview of the pool memory) to the kernel
+(``writev``, ``sendall``), and ``get`` reads straight into the
+``byte_array`` of a newly allocated object (``preadv``, ``recv_into``).
+While the I/O runs the store holds a reference on the object
+(``ref_count_up`` ... ``ref_count_down``), so its memory cannot go back
+to the pool underneath the I/O.
+
+A ``get`` that fails - a truncated or corrupted entry, a layout that does
+not match, a lost connection - frees the object it allocated before it
+raises: nothing half-written is ever returned and nothing leaks.
+"""
+
+from __future__ import annotations
+
+import abc
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import torch
+
+from kvpool.errors import (
+    InvalidArgumentError,
+    InvalidHandleError,
+    OutOfMemoryError,
+    PoolClosedError,
+)
+from kvpool.formats import MemoryFormat, normalize_layout
+from kvpool.interface import MemoryAllocatorInterface
+from kvpool.objects import MemoryObj, TensorMemoryObj
+from kvpool.remote.header import EntryInfo, Layout, layout_for, remember, requested
+
+__all__ = ["MAX_KEY_BYTES", "Key", "RemoteStore", "key_bytes"]
+
+#: A store key: ``str`` (encoded as UTF-8) or ``bytes``; ``"a"`` and ``b"a"``
+#: name the same entry.
+Key = str | bytes
+
+#: Longest key accepted, in bytes.
+MAX_KEY_BYTES = 65536
+
+_T = TypeVar("_T")
+_R = TypeVar("_R")
+
+
+def key_bytes(key: object) -> bytes:
+    """Return ``key`` as bytes (``str`` keys are encoded as UTF-8).
+
+    Raises:
+        InvalidArgumentError: not a ``str``/``bytes``, not encodable, or
+            longer than :data:`MAX_KEY_BYTES`.
+    """
+    if key.__class__ is bytes:
+        data = key
+    elif isinstance(key, str):
+        try:
+            data = key.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InvalidArgumentError(f"key {key!r} is not valid UTF-8 text: {exc}") from None
+    elif isinstance(key, bytes):
+        data = bytes(key)
+    else:
+        raise InvalidArgumentError(
+            f"a store key must be str or bytes, got {type(key).__name__} ({key!r})"
+        )
+    if len(data) > MAX_KEY_BYTES:  # type: ignore[arg-type]
+        raise InvalidArgumentError(
+            f"key of {len(data)} bytes is longer than the limit of {MAX_KEY_BYTES}"  # type: ignore[arg-type]
+        )
+    return data  # type: ignore[return-value]
+
+
+def hold(obj: object, action: str) -> None:
+    """Take a reference on ``obj`` for the duration of an I/O.
+
+    Raises:
+        InvalidArgumentError: ``obj`` is not a memory object.
+        InvalidHandleError: ``obj`` was freed (nothing is held then).
+    """
+    if obj.__class__ is not TensorMemoryObj and not isinstance(obj, MemoryObj):
+        raise InvalidArgumentError(f"{action}: expected a MemoryObj, got {type(obj).__name__}")
+    if not obj.is_valid():
+        raise InvalidHandleError(f"{action} of a freed memory object {obj!r}")
+    obj.ref_count_up()
+    # Freed between the check and the count (the count was then ignored).
+    if not obj.is_valid():
+        raise InvalidHandleError(f"{action} of a freed memory object {obj!r}")
+
+
+def release(obj: MemoryObj) -> None:
+    """Drop the reference :func:`hold` took (nothing if the object died meanwhile)."""
+    if obj.is_valid():
+        obj.ref_count_down()
+
+
+def describe(obj: MemoryObj) -> tuple[Layout, MemoryFormat, memoryview]:
+    """The layout, format and byte view of an object about to be stored.
+
+    Raises:
+        InvalidArgumentError: the object has no (shapes, dtypes) layout
+            (e.g. a ``BytesBufferMemoryObj``).
+        InvalidHandleError: the object was freed.
+        FeatureUnavailableError: the object lives in device memory.
+    """
+    layout = layout_for(obj.get_shapes(), obj.get_dtypes())
+    view = obj.byte_array
+    if not isinstance(view, memoryview):
+        view = memoryview(view)
+    if view.nbytes > layout.nbytes:
+        raise InvalidArgumentError(
+            f"{obj!r} has {view.nbytes} bytes but its layout only {layout.nbytes}"
+        )
+    return layout, obj.get_memory_format(), view
+
+
+def discard(obj: MemoryObj | None) -> None:
+    """Free an object a failed ``get`` allocated (ignoring an already dead one)."""
+    if obj is not None and obj.is_valid():
+        obj.ref_count_down()
+
+
+def allocate(
+    allocator: MemoryAllocatorInterface,
+    layout: Layout,
+    fmt: MemoryFormat,
+    where: str | Callable[[], str],
+) -> MemoryObj:
+    """Allocate the destination of a ``get``.
+
+    ``where`` names the entry in the error message (a callable is only
+    called on error).
+
+    Raises:
+        OutOfMemoryError: the allocator is full (``allocate`` returned None).
+        PoolClosedError: the allocator was closed.
+        InvalidArgumentError: the allocator refuses the layout.
+    """
+    obj = allocator.allocate(layout.alloc_shapes, layout.alloc_dtypes, fmt)
+    if obj is None:
+        if callable(where):
+            where = where()
+        raise OutOfMemoryError(
+            f"{where}: the allocator {allocator!r} has no room for an object of "
+            f"{layout.nbytes} bytes; free objects or use a larger pool"
+        )
+    return obj
+
+
+def requested_layout(
+    shapes: torch.Size | Sequence[torch.Size] | None,
+    dtypes: torch.dtype | Sequence[torch.dtype] | None,
+) -> Layout | None:
+    """Normalize the ``shapes``/``dtypes`` of a ``get`` (None: as stored).
+
+    Raises:
+        InvalidArgumentError: only one of the two given, or a bad layout.
+    """
+    if shapes is None and dtypes is None:
+        return None
+    if shapes is None or dtypes is None:
+        raise InvalidArgumentError(
+            "give both shapes and dtypes (or neither, to allocate the stored layout)"
+        )
+    layout = requested(shapes, dtypes)
+    if layout is None:
+        shape_list, dtype_list, _ = normalize_layout(shapes, dtypes)
+        layout = layout_for(shape_list, dtype_list)
+        remember(shapes, dtypes, layout)
+    return layout
+
+
+def check_format(fmt: object) -> MemoryFormat | None:
+    """Validate the ``fmt`` argument of a ``get`` (None: as stored).
+
+    Raises:
+        InvalidArgumentError: not a :class:`MemoryFormat` or None.
+    """
+    if fmt is None or fmt.__class__ is MemoryFormat:
+        return fmt  # type: ignore[return-value]
+    raise InvalidArgumentError(f"fmt must be a MemoryFormat or None, got {fmt!r}")
+
+
+def check_stored(
+    info: EntryInfo, layout: Layout | None, fmt: MemoryFormat | None, where: str
+) -> None:
+    """Raise when a stored entry does not have the requested layout/format.
+
+    Raises:
+        InvalidArgumentError: shapes, dtypes or format differ.
+    """
+    if layout is not None and (
+        tuple(info.shapes) != layout.shapes or tuple(info.dtypes) != layout.dtypes
+    ):
+        raise InvalidArgumentError(
+            f"{where}: layout mismatch: stored {_show(info.shapes, info.dtypes)} "
+            f"({info.layout_size} bytes), requested {_show(layout.shapes, layout.dtypes)} "
+            f"({layout.nbytes} bytes); pass the stored layout, or shapes=None and dtypes=None "
+            "to allocate it"
+        )
+    if fmt is not None and info.fmt is not fmt:
+        raise InvalidArgumentError(
+            f"{where}: format mismatch: stored {info.fmt.name}, requested {fmt.name}"
+        )
+
+
+def _show(shapes: Iterable[torch.Size], dtypes: Iterable[torch.dtype]) -> str:
+    return (
+        "["
+        + ", ".join(
+            f"{tuple(s)} {str(d).removeprefix('torch.')}"
+            for s, d in zip(shapes, dtypes, strict=True)
+        )
+        + "]"
+    )
+
+
+def check_pairs(keys: Sequence[object], objs: Sequence[object]) -> None:
+    """Raise when the key and object lists of a ``batched_put`` differ in length."""
+    if len(keys) != len(objs):
+        raise InvalidArgumentError(f"batched_put: {len(keys)} keys but {len(objs)} memory objects")
+
+
+class RemoteStore(metaclass=abc.ABCMeta):
+    """A key/value store of memory objects: files, Redis/Valkey...
+
+    Every store writes the same self-describing entry: a header (magic,
+    version, layout, sizes, CRCs; see :mod:`kvpool.remote.header`) followed
+    by the object's bytes.  ``put`` never copies the bytes in Python and
+    ``get`` copies them once, into the new object.
+
+    Thread safety: every method may be called from several threads at
+    once; ``close`` must not race with calls still running.
+
+    Batched forms run one operation per key; with ``io_threads > 1`` they
+    run on a small thread pool (the I/O releases the GIL).
+
+    Args:
+        io_threads: threads for the batched forms (1: in the caller's thread).
+    """
+
+    def __init__(self, io_threads: int = 1) -> None:
+        if isinstance(io_threads, bool) or not isinstance(io_threads, int) or io_threads < 1:
+            raise InvalidArgumentError(f"io_threads must be an int >= 1, got {io_threads!r}")
+        self._io_threads = io_threads
+        self._executor: ThreadPoolExecutor | None = None
+        self._executor_lock = threading.Lock()
+        self._closed = False
+
+    # -- the operations each store implements ------------------------
+
+    @abc.abstractmethod
+    def put(self, key: Key, memory_obj: MemoryObj) -> None:
+        """Store ``memory_obj`` under ``key``, replacing any previous entry.
+
+        The entry appears whole or not at all: a reader never sees part of
+        it.  The object is referenced during the call and is left as it was.
+
+        Args:
+            key: ``str`` or ``bytes``.
+            memory_obj: a live host memory object.
+
+        Raises:
+            InvalidArgumentError: bad key or object.
+            InvalidHandleError: the object was freed.
+            PoolClosedError: the store was closed.
+            RemoteStoreError: the store failed (a subclass says how).
+        """
+
+    @abc.abstractmethod
+    def get(
+        self,
+        key: Key,
+        allocator: MemoryAllocatorInterface,
+        shapes: torch.Size | Sequence[torch.Size] | None = None,
+        dtypes: torch.dtype | Sequence[torch.dtype] | None = None,
+        fmt: MemoryFormat | None = None,
+    ) -> MemoryObj | None:
+        """Read the entry ``key`` into a new object from ``allocator``.
+
+        Args:
+            key: ``str`` or ``bytes``.
+            allocator: the pool to allocate the object from.
+            shapes: expected shape(s); None (with ``dtypes`` None) allocates
+                the stored layout.
+            dtypes: expected dtype(s).
+            fmt: expected format; None takes the stored one.
+
+        Returns:
+            The new object (reference count 1, owned by the caller), or
+            None when there is no entry ``key``.
+
+        Raises:
+            InvalidArgumentError: bad key or arguments, or the stored
+                layout/format differs from the requested one.
+            CorruptEntryError: the entry is truncated or corrupted.
+            OutOfMemoryError: the allocator is full.
+            PoolClosedError: the allocator or the store was closed.
+            RemoteStoreError: the store failed (a subclass says how).
+
+        On every error the object allocated for the call is freed first.
+        """
+
+    @abc.abstractmethod
+    def exists(self, key: Key) -> bool:
+        """True when an entry ``key`` is stored (its content is not checked).
+
+        Raises:
+            InvalidArgumentError: bad key.
+            PoolClosedError: the store was closed.
+            RemoteStoreError: the store failed.
+        """
+
+    @abc.abstractmethod
+    def delete(self, key: Key) -> bool:
+        """Remove the entry ``key``.
+
+        Returns:
+            True when an entry was removed, False when there was none.
+
+        Raises:
+            InvalidArgumentError: bad key.
+            PoolClosedError: the store was closed.
+            RemoteStoreError: the store failed.
+        """
+
+    @abc.abstractmethod
+    def head(self, key: Key) -> EntryInfo | None:
+        """The stored layout of ``key`` (its header), without its bytes.
+
+        Returns:
+            The :class:`~kvpool.remote.header.EntryInfo`, or None when
+            there is no entry ``key``.
+
+        Raises:
+            CorruptEntryError: the header is damaged.
+            InvalidArgumentError: bad key.
+            PoolClosedError: the store was closed.
+            RemoteStoreError: the store failed.
+        """
+
+    def _close(self) -> None:  # noqa: B027 - optional hook
+        """Release the store's own resources (called once by :meth:`close`)."""
+
+    # -- batched forms -----------------------------------------------
+
+    def batched_put(self, keys: Sequence[Key], memory_objs: Sequence[MemoryObj]) -> None:
+        """Store each object under its key (``put`` for each pair).
+
+        Every entry that is written is complete.  On an error the other
+        pairs are still attempted, then the first error is raised (the
+        caller may retry the whole batch: ``put`` replaces).
+
+        Raises:
+            InvalidArgumentError: the lists differ in length (nothing is
+                stored), or as :meth:`put`.
+            Any error of :meth:`put`.
+        """
+        check_pairs(keys, memory_objs)
+        self._check_open()
+        results = self._map(lambda pair: self.put(*pair), list(zip(keys, memory_objs, strict=True)))
+        _raise_first(results)
+
+    def batched_get(
+        self,
+        keys: Sequence[Key],
+        allocator: MemoryAllocatorInterface,
+        shapes: torch.Size | Sequence[torch.Size] | None = None,
+        dtypes: torch.dtype | Sequence[torch.dtype] | None = None,
+        fmt: MemoryFormat | None = None,
+    ) -> list[MemoryObj | None]:
+        """``get`` for each key, all with the same expected layout.
+
+        Returns:
+            One object (or None for a missing key) per key, in order.
+
+        Raises:
+            Any error of :meth:`get`; every object this call allocated is
+            freed first, so nothing leaks.
+        """
+        self._check_open()
+        results = self._map(
+            lambda k: self.get(k, allocator, shapes, dtypes, fmt), list(keys), stop_on_error=True
+        )
+        if any(isinstance(r, BaseException) for r in results):
+            for r in results:
+                if isinstance(r, MemoryObj):
+                    discard(r)
+            _raise_first(results)
+        return results  # type: ignore[return-value]
+
+    def batched_exists(self, keys: Sequence[Key]) -> list[bool]:
+        """``exists`` for each key, in order.
+
+        Raises:
+            Any error of :meth:`exists`.
+        """
+        self._check_open()
+        return [self.exists(k) for k in keys]
+
+    def batched_delete(self, keys: Sequence[Key]) -> int:
+        """``delete`` each key; returns how many entries were removed.
+
+        Raises:
+            Any error of :meth:`delete`.
+        """
+        self._check_open()
+        return sum(self.delete(k) for k in keys)
+
+    # -- lifecycle ---------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` ran."""
+        return self._closed
+
+    def close(self) -> None:
+        """Release the store's resources; idempotent.  Stored entries stay."""
+        with self._executor_lock:
+            if self._closed:
+                return
+            self._closed = True
+            executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=True)
+        self._close()
+
+    def __enter__(self) -> RemoteStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise PoolClosedError(f"{self!r} is closed")
+
+    def _map(
+        self, fn: Callable[[_T], _R], items: list[_T], stop_on_error: bool = False
+    ) -> list[_R | BaseException]:
+        """Run ``fn`` on each item (threaded when configured); errors are returned.
+
+        In the caller's thread, ``stop_on_error`` ends the run at the first
+        error (the result list is then shorter than ``items``).
+        """
+        if self._io_threads > 1 and len(items) > 1:
+            executor = self._get_executor()
+            futures = [executor.submit(fn, item) for item in items]
+            out: list[Any] = []
+            for future in futures:
+                try:
+                    out.append(future.result())
+                except Exception as exc:
+                    out.append(exc)
+            return out
+        out = []
+        for item in items:
+            try:
+                out.append(fn(item))
+            except Exception as exc:
+                out.append(exc)
+                if stop_on_error:
+                    break
+        return out
+
+    def _get_executor(self) -> ThreadPoolExecutor:
+        with self._executor_lock:
+            if self._closed:
+                raise PoolClosedError(f"{self!r} is closed")
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(
+                    self._io_threads, thread_name_prefix=f"kvpool-{type(self).__name__}"
+                )
+            return self._executor
+
+
+def _raise_first(results: list[Any]) -> None:
+    errors = [r for r in results if isinstance(r, BaseException)]
+    if errors:
+        first = errors[0]
+        if len(errors) > 1:
+            first.add_note(f"{len(errors) - 1} more operation(s) of the batch failed")
+        raise first

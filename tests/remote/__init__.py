@@ -1,0 +1,1 @@
+"""Tests of kvpool.remote (a package, so that the tests share conftest helpers)."""

@@ -1,0 +1,208 @@
+"""Fixtures for the store tests (kvpool.remote).
+
+* ``pool`` / ``paged_pool`` are small pools that must be empty and pass
+  ``memcheck()`` when the test ends: every test frees what it got, and a
+  leak anywhere fails the test that caused it.
+* ``redis_server`` starts a real ``redis-server`` (or ``valkey-server``)
+  on loopback on a free port, without persistence, and stops it after the
+  session; ``own_redis_server`` gives a test a server of its own (for the
+  tests that stop or kill it).  Without a server binary or the ``redis``
+  client the tests skip with the reason, unless ``KVPOOL_REQUIRE_REDIS=1``
+  (set by ``.ci/run``), which makes that a failure.
+* ``store`` is parametrized over a FileStore and a RedisStore, for the
+  tests that every store must pass.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+import kvpool
+from kvpool.remote import FileStore, RedisStore, RemoteStore
+
+KV_SHAPE = torch.Size([2, 4, 16, 32])  # 8 KiB of float16
+KV_DTYPE = torch.float16
+KV_FMT = kvpool.MemoryFormat.KV_2LTD
+REQUIRE_REDIS = os.environ.get("KVPOOL_REQUIRE_REDIS", "").strip().lower() in ("1", "true", "yes")
+
+
+def fill(obj: kvpool.MemoryObj, seed: int) -> bytes:
+    """Fill ``obj`` with seeded random bytes; return them."""
+    gen = torch.Generator().manual_seed(seed)
+    data = torch.randint(0, 256, (obj.get_size(),), dtype=torch.uint8, generator=gen)
+    view = obj.byte_array
+    view[:] = data.numpy().tobytes()
+    return bytes(view)
+
+
+def assert_clean(pool: kvpool.MemoryAllocatorInterface) -> None:
+    """The pool holds no object and its invariants hold."""
+    assert pool.memcheck()
+    stats = pool.stats()  # type: ignore[attr-defined]
+    assert stats.active_objects == 0, stats
+    assert stats.used_bytes == 0, stats
+
+
+@pytest.fixture
+def pool() -> Iterator[kvpool.TensorMemoryAllocator]:
+    """An 8 MiB extent pool that must be empty at the end of the test."""
+    p = kvpool.TensorMemoryAllocator(torch.empty(8 << 20, dtype=torch.uint8))
+    yield p
+    if not p.closed:
+        assert_clean(p)
+    p.close()
+
+
+@pytest.fixture
+def paged_pool() -> Iterator[kvpool.PagedTensorMemoryAllocator]:
+    """A paged pool of 64 pages of KV_SHAPE that must be empty at the end."""
+    page = KV_SHAPE.numel() * KV_DTYPE.itemsize
+    p = kvpool.PagedTensorMemoryAllocator(
+        torch.empty(64 * page, dtype=torch.uint8), [KV_SHAPE], [KV_DTYPE], KV_FMT
+    )
+    yield p
+    if not p.closed:
+        assert_clean(p)
+    p.close()
+
+
+@pytest.fixture
+def file_store(tmp_path: Path) -> Iterator[FileStore]:
+    """A FileStore in a fresh directory."""
+    with FileStore(tmp_path / "store") as s:
+        yield s
+
+
+# -- redis -------------------------------------------------------------
+
+
+def _redis_binary() -> str | None:
+    return shutil.which("redis-server") or shutil.which("valkey-server")
+
+
+def need_redis() -> str:
+    """The server binary, or skip (fail when KVPOOL_REQUIRE_REDIS=1)."""
+    binary = _redis_binary()
+    if binary is None:
+        reason = (
+            "no redis-server or valkey-server on PATH (apt-get install redis-server); "
+            "KVPOOL_REQUIRE_REDIS=1 makes this a failure"
+        )
+    elif importlib.util.find_spec("redis") is None:
+        reason = (
+            "the redis client is not installed (pip install 'kvpool[redis]'); "
+            "KVPOOL_REQUIRE_REDIS=1 makes this a failure"
+        )
+    else:
+        return binary
+    if REQUIRE_REDIS:
+        pytest.fail(f"KVPOOL_REQUIRE_REDIS is set but {reason.split(';')[0]}")
+    pytest.skip(reason)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class RedisServer:
+    """A redis-server process started for the tests."""
+
+    proc: subprocess.Popen[bytes]
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def stop(self) -> None:
+        """Terminate the server (idempotent)."""
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, signal.SIGCONT)
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+    def kill(self) -> None:
+        """SIGKILL the server and wait for it."""
+        self.proc.kill()
+        self.proc.wait(5)
+
+
+def start_redis(binary: str) -> RedisServer:
+    """Start a server on a free loopback port and wait until it answers PING."""
+    last = ""
+    for _ in range(5):
+        port = _free_port()
+        proc = subprocess.Popen(
+            [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--daemonize", "no", "--loglevel", "warning"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )  # fmt: skip
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+                    s.sendall(b"PING\r\n")
+                    if s.recv(16).startswith(b"+PONG"):
+                        return RedisServer(proc, port)
+            except OSError:
+                time.sleep(0.02)
+        proc.kill()
+        _, err = proc.communicate(timeout=5)
+        last = err.decode(errors="replace")[-500:]
+    raise RuntimeError(f"could not start {binary}: {last}")
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    """One server for the session."""
+    server = start_redis(need_redis())
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def own_redis_server() -> Iterator[RedisServer]:
+    """A server for this test alone (it may stop or kill it)."""
+    server = start_redis(need_redis())
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_store(redis_server: RedisServer) -> Iterator[RedisStore]:
+    """A RedisStore with a key prefix of its own (tests do not see each other)."""
+    with RedisStore(redis_server.url, prefix=f"t-{uuid.uuid4().hex[:12]}:", timeout=5.0) as s:
+        yield s
+
+
+@pytest.fixture(params=["file", pytest.param("redis", marks=pytest.mark.redis)])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[RemoteStore]:
+    """Each kind of store, for the tests every store must pass."""
+    if request.param == "file":
+        with FileStore(tmp_path / "store") as s:
+            yield s
+    else:
+        yield request.getfixturevalue("redis_store")
