@@ -244,3 +244,20 @@ def test_get_or_create_is_one_instance_shared_by_threads() -> None:
         t.join()
     assert len({id(m) for m in seen}) == 1
     assert seen[0] is kvpool.PinMonitor.GetOrCreate()
+
+
+def test_an_infinite_interval_is_refused_or_harmless(pool, pin_monitor: kvpool.PinMonitor) -> None:
+    try:
+        pin_monitor.configure(interval=float("inf"))
+    except ValueError:
+        return  # refused: fine
+    obj = kv(pool)
+    obj.pin()
+    threads = threads_named(THREAD)
+    assert threads
+    # Accepted: the thread must then wait, not die on the first wait.  (A thread
+    # that is merely slow to get there passes; it can never fail spuriously.)
+    threads[0].join(timeout=1.0)
+    alive = threads[0].is_alive()
+    obj.unpin()
+    assert alive, "configure(interval=inf) was accepted but the monitor thread died"
