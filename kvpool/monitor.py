@@ -209,11 +209,16 @@ class PinMonitor:
             )
             self._thread.start()
 
+    def _idle(self) -> bool:
+        """True when the thread has nothing to watch (the caller holds the lock)."""
+        return self._stopping or not self.enabled or not self._pinned
+
     def _run(self) -> None:
         while True:
             with self._cond:
-                self._cond.wait(self.interval)
-                if self._stopping or not self.enabled or not self._pinned:
+                # wait_for tests before it waits: a stop() or a last unpin that
+                # came before this thread first reached the wait is not lost.
+                if self._cond.wait_for(self._idle, self.interval):
                     self._thread = None
                     return
             try:

@@ -1,0 +1,199 @@
+"""LazyMemoryAllocator: usable at once, grows in the background, closes cleanly mid-growth.
+
+These tests need ``HostBuffer.commit`` (being added to kvpool.host); until
+it lands every construction fails with AttributeError.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+
+import pytest
+import torch
+from pool_helpers import (
+    GIB,
+    KV_FMT,
+    MIB,
+    count_mappings,
+    pattern,
+    threads_named,
+    wait_for,
+)
+
+import kvpool
+from kvpool import MemoryFormat
+
+THREAD = "kvpool-lazy-grow"
+LIVENESS = 120.0
+
+
+def raw(n: int) -> tuple[torch.Size, torch.dtype]:
+    return torch.Size([n]), torch.uint8
+
+
+def test_signature() -> None:
+    params = list(inspect.signature(kvpool.LazyMemoryAllocator.__init__).parameters.values())[1:]
+    assert [(p.name, p.default) for p in params[:3]] == [
+        ("size", inspect.Parameter.empty),
+        ("init_size", None),
+        ("step_size", 256 * MIB),
+    ]
+    assert issubclass(kvpool.LazyMemoryAllocator, kvpool.MemoryPool)
+
+
+def test_allocations_beyond_the_current_size_wait_for_growth(mappings: int) -> None:
+    pool = kvpool.LazyMemoryAllocator(8 * MIB, init_size=MIB, step_size=MIB, start=False)
+    try:
+        assert pool.usable_bytes == MIB
+        assert pool.growing
+        first = pool.allocate(*raw(MIB // 2), KV_FMT)
+        assert first is not None
+        first.byte_array[:] = pattern(MIB // 2, 1)
+        address = first.data_ptr
+        assert pool.allocate(*raw(2 * MIB), KV_FMT) is None  # beyond the current size
+        assert pool.batched_allocate(*raw(MIB // 2), 2, KV_FMT) is None
+        pool.start_growth()
+        assert pool.wait_ready(LIVENESS)
+        assert not pool.growing
+        assert pool.usable_bytes == 8 * MIB
+        assert pool.committed_bytes >= 8 * MIB
+        big = pool.allocate(*raw(4 * MIB), KV_FMT)
+        assert big is not None
+        # addresses never move: the first object is where it was, intact
+        assert first.data_ptr == address
+        assert bytes(first.byte_array) == pattern(MIB // 2, 1)
+        assert pool.stats().total_bytes == 8 * MIB
+        assert pool.memcheck()
+    finally:
+        pool.close()
+    del pool, first, big
+    assert count_mappings() == mappings
+
+
+def test_grows_on_its_own_when_started() -> None:
+    with kvpool.LazyMemoryAllocator(16 * MIB, init_size=2 * MIB, step_size=2 * MIB) as pool:
+        assert pool.wait_ready(LIVENESS)
+        assert pool.usable_bytes == 16 * MIB
+        assert pool.allocate(*raw(15 * MIB), KV_FMT) is not None
+    assert wait_for(lambda: not threads_named(THREAD), LIVENESS)
+
+
+def test_init_size_equal_to_size_is_ready_at_once() -> None:
+    with kvpool.LazyMemoryAllocator(4 * MIB, init_size=4 * MIB) as pool:
+        assert not pool.growing
+        assert pool.wait_ready(0)
+        assert pool.usable_bytes == 4 * MIB
+        assert not threads_named(THREAD)
+
+
+def test_binary_buffers_go_to_byte_buffers() -> None:
+    with kvpool.LazyMemoryAllocator(4 * MIB, init_size=4 * MIB) as pool:
+        obj = pool.allocate(torch.Size([10, 0, 0, 0]), torch.uint8, MemoryFormat.BINARY_BUFFER)
+        assert isinstance(obj, kvpool.BytesBufferMemoryObj)
+        assert pool.num_active_allocations == 0
+
+
+def test_close_mid_growth_leaks_nothing(mappings: int) -> None:
+    pool = kvpool.LazyMemoryAllocator(512 * MIB, init_size=4 * MIB, step_size=4 * MIB)
+    obj = pool.allocate(*raw(MIB), KV_FMT)
+    assert obj is not None
+    pool.close()
+    assert not threads_named(THREAD)  # close() joined the growth thread
+    assert not pool.growing
+    assert not obj.is_valid()
+    pool.close()  # twice is fine
+    del pool, obj
+    assert count_mappings() == mappings
+
+
+def test_close_before_growth_starts(mappings: int) -> None:
+    pool = kvpool.LazyMemoryAllocator(64 * MIB, init_size=MIB, start=False)
+    pool.close()
+    assert not threads_named(THREAD)
+    del pool
+    assert count_mappings() == mappings
+
+
+def test_dropped_while_growing_is_collected_after_growth(mappings: int) -> None:
+    pool = kvpool.LazyMemoryAllocator(32 * MIB, init_size=MIB, step_size=4 * MIB)
+    del pool
+    assert wait_for(lambda: not threads_named(THREAD), LIVENESS)
+    assert count_mappings() == mappings
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"size": 0},
+        {"size": -MIB},
+        {"size": 1.5},
+        {"size": MIB, "init_size": 0},
+        {"size": MIB, "init_size": 2 * MIB},
+        {"size": MIB, "init_size": "1"},
+        {"size": MIB, "step_size": 0},
+        {"size": MIB, "step_size": True},
+        {"size": MIB, "align_bytes": 3},
+    ],
+    ids=lambda kw: ",".join(f"{k}={v!r}" for k, v in kw.items()),
+)
+def test_bad_arguments(kwargs: dict[str, object], mappings: int) -> None:
+    with pytest.raises(kvpool.InvalidArgumentError) as info:
+        kvpool.LazyMemoryAllocator(**kwargs, start=False)
+    assert isinstance(info.value, ValueError)
+    del info
+    assert count_mappings() == mappings
+
+
+@pytest.mark.slow
+def test_grows_to_4_gib_while_another_thread_allocates_and_frees(mappings: int) -> None:
+    size = 4 * GIB
+    pool = kvpool.LazyMemoryAllocator(size, init_size=64 * MIB, step_size=256 * MIB)
+    stop = threading.Event()
+    seen_usable: list[int] = []
+    errors: list[BaseException] = []
+
+    def churn(pool: kvpool.LazyMemoryAllocator) -> None:
+        try:
+            n = 0
+            while not stop.is_set():
+                objs = pool.batched_allocate(*raw(MIB), 8, KV_FMT) or []
+                one = pool.allocate(*raw(32 * MIB), KV_FMT)
+                for i, obj in enumerate(objs):
+                    obj.byte_array[:16] = pattern(16, n + i)
+                for i, obj in enumerate(objs):
+                    assert bytes(obj.byte_array[:16]) == pattern(16, n + i)
+                pool.batched_free(objs)
+                if one is not None:
+                    one.ref_count_down()
+                seen_usable.append(pool.usable_bytes)
+                n += 1
+        except BaseException as exc:
+            errors.append(exc)
+
+    worker = threading.Thread(target=churn, args=(pool,))
+    worker.start()
+    try:
+        ready = pool.wait_ready(600)
+    finally:
+        stop.set()
+        worker.join()
+    try:
+        assert not errors, errors
+        assert ready
+        assert pool.usable_bytes == size
+        assert seen_usable == sorted(seen_usable)  # the usable size only grows
+        assert pool.num_active_allocations == 0
+        assert pool.memcheck()
+        whole = pool.allocate(*raw(size), KV_FMT)
+        assert whole is not None
+        view = whole.byte_array
+        view[0] = 1
+        view[size - 1] = 2
+        assert (view[0], view[size - 1]) == (1, 2)
+        del view
+    finally:
+        pool.close()
+    del pool, whole
+    assert not threads_named(THREAD)
+    assert count_mappings() == mappings
