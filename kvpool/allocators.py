@@ -577,7 +577,7 @@ def _allocate_cpu_memory(
         InvalidArgumentError: bad size, or hugepages with shared memory.
         HugePagesExhaustedError: hugepages required and the pool is short.
     """
-    if size == 0:
+    if size.__class__ is int and size == 0:
         return torch.empty(0, dtype=torch.uint8)
     if use_hugepages and shm_name:
         raise InvalidArgumentError("hugepages are not supported with shared memory (shm_name)")

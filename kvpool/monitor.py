@@ -14,6 +14,7 @@ state under its own lock, so every figure is exact.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -105,9 +106,14 @@ class PinMonitor:
         """
         for name, value in (("timeout", timeout), ("interval", interval)):
             if value is not None and (
-                isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not math.isfinite(value)
+                or value <= 0
             ):
-                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+                raise ValueError(
+                    f"{name} must be a finite positive number of seconds, got {value!r}"
+                )
         with self._cond:
             if timeout is not None:
                 self.timeout = float(timeout)
@@ -140,6 +146,23 @@ class PinMonitor:
             self._reported.discard(key)
             if not self._pinned:
                 self._cond.notify_all()  # lets the thread exit now
+
+    def forget_owner(self, owner: Any) -> int:
+        """Forget every pinned object whose pool is ``owner`` (a closed pool).
+
+        Returns:
+            How many objects were forgotten.
+        """
+        with self._cond:
+            keys = [
+                k for k, (obj, _) in self._pinned.items() if getattr(obj, "_pool", None) is owner
+            ]
+            for key in keys:
+                del self._pinned[key]
+                self._reported.discard(key)
+            if not self._pinned:
+                self._cond.notify_all()
+        return len(keys)
 
     # -- queries ----------------------------------------------------------
 

@@ -298,7 +298,11 @@ def _dead_view(obj: TensorMemoryObj, what: str) -> InvalidHandleError:
 def _dead(obj: TensorMemoryObj, action: str) -> None:
     pool = obj._pool
     if pool is not None and pool._closed:
-        report(PoolClosedError, f"{action} on {obj!r} whose pool was closed; the call was ignored")
+        report(
+            PoolClosedError,
+            f"{action} on a freed memory object ({obj!r}): its pool was closed; "
+            "the call was ignored",
+        )
         return
     report(
         InvalidHandleError,
@@ -480,12 +484,12 @@ class TensorMemoryObj(MemoryObj):
     def get_shapes(self) -> list[torch.Size]:
         """Shapes of every group."""
         meta = self._meta
-        return meta.shapes if meta.shapes is not None else [meta.shape]
+        return list(meta.shapes) if meta.shapes is not None else [meta.shape]
 
     def get_dtypes(self) -> list[torch.dtype]:
         """Dtypes of every group."""
         meta = self._meta
-        return meta.dtypes if meta.dtypes is not None else [meta.dtype]  # type: ignore[list-item]
+        return list(meta.dtypes) if meta.dtypes is not None else [meta.dtype]  # type: ignore[list-item]
 
     def get_memory_format(self) -> MemoryFormat:
         """The object's :class:`MemoryFormat`."""
@@ -526,7 +530,8 @@ class TensorMemoryObj(MemoryObj):
         lock = self._lock
         lock.acquire()
         try:
-            if not self.valid:
+            pool = self._pool
+            if not self.valid or (pool is not None and pool._closed):
                 _dead(self, "ref_count_down")
                 return
             meta = self._meta
@@ -536,8 +541,7 @@ class TensorMemoryObj(MemoryObj):
             elif count == 0:
                 meta.ref_count = 0
                 if meta.pin_count <= 0:
-                    pool = self._pool
-                    if pool is not None and not pool._closed:
+                    if pool is not None:
                         pool._release_locked(self)
                     else:
                         self._free_locked()
@@ -553,10 +557,6 @@ class TensorMemoryObj(MemoryObj):
     def _free_locked(self) -> None:
         pool = self._pool
         if pool is not None:
-            if pool._closed:  # its memory went with the pool
-                self.valid = False
-                _dead(self, "release")
-                return
             pool._release_locked(self)
         elif self.parent_allocator is not None:
             self.parent_allocator.free(self)

@@ -201,8 +201,12 @@ class PlacementPolicy(MemoryAllocatorInterface):
             self.buffer = torch.empty(0, dtype=torch.uint8, device=self.buffer.device)
             self._arena = None
             self._forget_memory_locked()
+            pinned = self._pinned
         finally:
             lock.release()
+        if pinned:
+            # Its pinned objects are gone with it: the monitor lets go of them.
+            PinMonitor.GetOrCreate().forget_owner(self)
 
     def _check_open(self, what: str) -> None:
         if self._closed:

@@ -42,7 +42,12 @@ def test_signature() -> None:
     assert issubclass(kvpool.LazyMemoryAllocator, kvpool.MemoryPool)
 
 
-def test_allocations_beyond_the_current_size_wait_for_growth(mappings: int) -> None:
+def test_allocations_beyond_the_current_size_wait_for_growth(
+    mappings: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 4 KiB pages, so that the 1 MiB steps are not rounded up to 2 MiB
+    # hugepages when the machine has free ones.
+    monkeypatch.setenv("KVPOOL_HUGEPAGES", "never")
     pool = kvpool.LazyMemoryAllocator(8 * MIB, init_size=MIB, step_size=MIB, start=False)
     try:
         assert pool.usable_bytes == MIB
