@@ -3,7 +3,7 @@
 #   make            build libpinmem and its cffi module into kvpool/
 #   make check      build and run libpinmem's C test program
 #   make test       install what a fresh machine lacks, build, make check, pytest
-#   make demo       run the main job (for now: the capability report)
+#   make demo       run the main job: the capability report, then a verified put/get round trip
 #   make bench      kvpool's benchmarks against naive baselines (kvpool bench);
 #                   options in BENCH_ARGS, e.g. make bench BENCH_ARGS=--quick
 #   make lint       ruff check + ruff format --check
@@ -48,8 +48,9 @@ deps:
 test: deps lib check fake-cudart
 	$(PYTHON) -m pytest tests
 
-demo: lib
+demo: deps lib
 	$(PYTHON) -m kvpool info
+	$(PYTHON) -m kvpool demo
 
 bench: lib
 	$(PYTHON) -m kvpool bench $(BENCH_ARGS)

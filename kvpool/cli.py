@@ -1,7 +1,8 @@
 """The ``kvpool`` command line.
 
-One parser with a subcommand per job: ``info`` (the capability report
-with advice) and ``bench`` (the benchmark suite, :mod:`kvpool.benchmarks`).
+One parser with a subcommand per job: ``demo`` (a verified put/get round
+trip, :mod:`kvpool.demo`), ``info`` (the capability report with advice)
+and ``bench`` (the benchmark suite, :mod:`kvpool.benchmarks`).
 More are added by registering them in :data:`SUBCOMMANDS`::
 
     def add_demo(subparsers) -> None:
@@ -61,8 +62,14 @@ def _add_bench(subparsers: Any) -> None:
     add_parser(subparsers)
 
 
+def _add_demo(subparsers: Any) -> None:
+    from kvpool.demo import add_parser
+
+    add_parser(subparsers)
+
+
 #: Functions that each add one subcommand to the subparsers object.
-SUBCOMMANDS: list[Callable[[Any], None]] = [_add_info, _add_bench]
+SUBCOMMANDS: list[Callable[[Any], None]] = [_add_demo, _add_info, _add_bench]
 
 
 def build_parser() -> argparse.ArgumentParser:

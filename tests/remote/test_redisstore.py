@@ -388,3 +388,20 @@ def test_put_hands_the_object_memory_to_the_socket_uncopied(
     assert all(isinstance(x, bytes) and len(x) < 512 for x in fake.conn.sent if x is not view)
     assert src.get_ref_count() == 1
     src.ref_count_down()
+
+
+@pytest.mark.redis
+def test_kvpool_demo_against_a_real_server(redis_server) -> None:
+    """``kvpool demo --store redis://...`` verifies a round trip through the server."""
+    import subprocess
+    import sys
+
+    run = subprocess.run(
+        [sys.executable, "-m", "kvpool", "demo", "--chunks", "8", "--store", redis_server.url],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr
+    assert "verified: all 8 chunks" in run.stdout
+    assert f"store: {redis_server.url}" in run.stdout

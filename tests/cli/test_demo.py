@@ -1,0 +1,75 @@
+"""``kvpool demo``: the main job, run for real in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def demo(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "kvpool", "demo", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def test_demo_verifies_a_round_trip_on_the_default_store() -> None:
+    run = demo("--chunks", "8")
+    assert run.returncode == 0, run.stderr
+    out = run.stdout
+    assert "verified: all 8 chunks" in out
+    assert "put: 8 chunks" in out and "get: 8 chunks" in out
+    assert "pool stats" in out and "resident memory" in out
+
+
+def test_demo_removes_its_temporary_store() -> None:
+    run = demo("--chunks", "2", "--json")
+    assert run.returncode == 0, run.stderr
+    assert not Path(json.loads(run.stdout)["store"]).exists()
+
+
+def test_demo_json_reports_positive_figures(tmp_path: Path) -> None:
+    run = demo("--chunks", "4", "--store", str(tmp_path), "--json")
+    assert run.returncode == 0, run.stderr
+    result = json.loads(run.stdout)
+    assert result["chunks"] == 4 and result["mismatched_chunks"] == 0
+    assert result["bytes"] == 4 * 512 * 1024
+    assert result["put_GBps"] > 0 and result["get_GBps"] > 0
+    assert result["stats"]["active_objects"] == 4
+    assert result["store"] == str(tmp_path)
+    assert list(tmp_path.iterdir()) == [] or all(p.name.startswith(".") for p in tmp_path.iterdir())
+
+
+def test_demo_on_shared_numa_memory() -> None:
+    name = f"/kvpool-demo-test-{os.getpid()}"
+    run = demo("--chunks", "4", "--shm-name", name, "--numa-node", "0")
+    assert run.returncode == 0, run.stderr
+    assert f"shm_name={name}" in run.stdout and "numa_node=0" in run.stdout
+    assert not Path("/dev/shm", name.lstrip("/")).exists()  # the creator unlinked it
+
+
+def test_demo_refuses_chunks_that_do_not_fit() -> None:
+    run = demo("--chunks", "1000", "--size", "64M")
+    assert run.returncode == 2
+    assert "do not fit" in run.stderr and "--size" in run.stderr
+
+
+@pytest.mark.parametrize("args", [["--chunks", "0"], ["--size", "lots"], ["--chunks", "x"]])
+def test_demo_bad_options_are_usage_errors(args: list[str]) -> None:
+    run = demo(*args)
+    assert run.returncode == 2
+    assert "error" in run.stderr
+
+
+def test_demo_unreachable_store_is_a_clear_error() -> None:
+    run = demo("--chunks", "2", "--store", "redis://127.0.0.1:1/0")
+    assert run.returncode == 1
+    assert "StoreConnectionError" in run.stderr
