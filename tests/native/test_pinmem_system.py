@@ -128,15 +128,15 @@ def test_cli_needs_a_subcommand(capsys) -> None:
 
 
 def test_subcommands_can_be_added() -> None:
-    def add_demo(subparsers) -> None:
-        p = subparsers.add_parser("demo")
+    def add_extra(subparsers) -> None:
+        p = subparsers.add_parser("extra-for-test")
         p.set_defaults(func=lambda args: 7)
 
-    cli.SUBCOMMANDS.append(add_demo)
+    cli.SUBCOMMANDS.append(add_extra)
     try:
-        assert cli.main(["demo"]) == 7
+        assert cli.main(["extra-for-test"]) == 7
     finally:
-        cli.SUBCOMMANDS.remove(add_demo)
+        cli.SUBCOMMANDS.remove(add_extra)
 
 
 def test_python_m_kvpool_info(python, child_env) -> None:
