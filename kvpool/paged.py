@@ -48,7 +48,12 @@ from kvpool.policy import PlacementPolicy, check_object_list
 
 __all__ = ["PagedAddressManager", "PagedTensorMemoryAllocator"]
 
+# Placeholders written over the consumed part of the free queue (slice
+# assignment from a ready list is the cheapest way to let go of handles).
+_ZEROS = [0] * 256
+
 _Size = torch.Size
+_TMO = TensorMemoryObj
 _getrefcount = sys.getrefcount
 
 
@@ -118,13 +123,13 @@ class PagedTensorMemoryAllocator(PlacementPolicy):
         self.fmt = fmt
         self.align_bytes = page
         self._num_pages = arena.size // page
-        # Free pages in FIFO order, and beside each the handle it was last
-        # allocated with (None if none may be recycled).  Both lists are
+        # Free pages in FIFO order.  Each entry is the handle the page was
+        # last allocated with (its ``_page`` says which page), or the page
+        # number itself when no handle may be recycled.  The queue is
         # consumed from _head, so a batch is taken by slicing at C speed,
         # and compacted once the consumed prefix outgrows the rest.  FIFO
         # reuse gives a freed handle time to be dropped by its last user.
-        self._free: list[int] = list(range(self._num_pages))
-        self._parked: list[TensorMemoryObj | None] = [None] * self._num_pages
+        self._queue: list[TensorMemoryObj | int] = list(range(self._num_pages))
         self._head = 0
         # The request that matches the page layout exactly, for a cheap test.
         self._default_shape = shape_list[0] if len(shape_list) == 1 else None
@@ -135,25 +140,20 @@ class PagedTensorMemoryAllocator(PlacementPolicy):
     # -- the free queue (caller holds the lock) ---------------------------
 
     def _free_count(self) -> int:
-        return len(self._free) - self._head
+        return len(self._queue) - self._head
 
-    def _take(self, count: int) -> tuple[list[int], list[TensorMemoryObj | None]]:
-        """Remove the ``count`` oldest free pages and their parked handles."""
+    def _take(self, count: int) -> list[TensorMemoryObj | int]:
+        """Remove the ``count`` oldest queue entries (handles or page numbers)."""
+        queue = self._queue
         head = self._head
         end = head + count
-        pages = self._free[head:end]
-        handles = self._parked[head:end]
-        self._parked[head:end] = [None] * count  # the queue lets go of them
-        if end > 1024 and end * 2 > len(self._free):
-            del self._free[:end]
-            del self._parked[:end]
+        entries = queue[head:end]
+        queue[head:end] = _ZEROS[:count] if count <= len(_ZEROS) else [0] * count
+        if end > 1024 and end * 2 > len(queue):
+            del queue[:end]
             end = 0
         self._head = end
-        return pages, handles
-
-    def _put(self, page: int, handle: TensorMemoryObj | None) -> None:
-        self._free.append(page)
-        self._parked.append(handle)
+        return entries
 
     # -- accounting ----------------------------------------------------
 
@@ -175,7 +175,7 @@ class PagedTensorMemoryAllocator(PlacementPolicy):
     @property
     def free_blocks(self) -> list[int]:
         """Snapshot of the free page indices, in the order they will be reused."""
-        return self._free[self._head :]
+        return [e if e.__class__ is int else e._page for e in self._queue[self._head :]]  # type: ignore[union-attr]
 
     @property
     def paged_buffers(self) -> tuple[torch.Tensor, ...]:
@@ -298,30 +298,28 @@ class PagedTensorMemoryAllocator(PlacementPolicy):
         try:
             if self._closed:
                 self._check_open("allocate")
-            free = self._free
+            queue = self._queue
             head = self._head
-            if head == len(free):
+            if head == len(queue):
                 if not self._drain_dropped_locked():
                     return None
                 head = self._head
             # _take(1), inlined: this is the hot path of paged pools.
-            page = free[head]
-            parked = self._parked
-            obj = parked[head]
-            parked[head] = None
+            obj = queue[head]
+            queue[head] = 0
             head += 1
-            if head > 1024 and head * 2 > len(free):
-                del free[:head]
-                del parked[:head]
+            if head > 1024 and head * 2 > len(queue):
+                del queue[:head]
                 head = 0
             self._head = head
             # References to a recyclable handle: the local variable and
-            # getrefcount's argument (None's count is huge).
-            if clean and _getrefcount(obj) == 2 and not obj._dirty:  # type: ignore[union-attr]
+            # getrefcount's argument; page numbers are never recycled).
+            if clean and obj.__class__ is _TMO and _getrefcount(obj) == 2 and not obj._dirty:  # type: ignore[union-attr]
                 obj.valid = True  # type: ignore[union-attr]
                 obj._meta.ref_count = 1  # type: ignore[union-attr]
-                return obj
-            return self._fresh(page, shape_list, dtype_list, nbytes, fmt, default)
+                return obj  # type: ignore[return-value]
+            page = obj if obj.__class__ is int else obj._page  # type: ignore[union-attr]
+            return self._fresh(page, shape_list, dtype_list, nbytes, fmt, default)  # type: ignore[arg-type]
         finally:
             lock.release()
 
@@ -358,13 +356,13 @@ class PagedTensorMemoryAllocator(PlacementPolicy):
                 self._drain_dropped_locked()
                 if self._free_count() < batch_size:
                     return None
-            pages, out = self._take(batch_size)
+            out = self._take(batch_size)
             if clean:
                 # Fast pass: recycle handles while they are unreachable and
                 # clean (references: the list, the loop variable and
-                # getrefcount's argument; None's count is huge).
+                # getrefcount's argument; page numbers are never recycled).
                 for obj in out:
-                    if _getrefcount(obj) != 3 or obj._dirty:  # type: ignore[union-attr]
+                    if obj.__class__ is not _TMO or _getrefcount(obj) != 3 or obj._dirty:  # type: ignore[union-attr]
                         break
                     obj.valid = True  # type: ignore[union-attr]
                     obj._meta.ref_count = 1  # type: ignore[union-attr]
@@ -376,11 +374,12 @@ class PagedTensorMemoryAllocator(PlacementPolicy):
             # Slow pass from the first handle that cannot be recycled.
             for i in range(first, batch_size):
                 obj = out[i]
-                if clean and _getrefcount(obj) == 3 and not obj._dirty:  # type: ignore[union-attr]
+                if clean and obj.__class__ is _TMO and _getrefcount(obj) == 3 and not obj._dirty:  # type: ignore[union-attr]
                     obj.valid = True  # type: ignore[union-attr]
                     obj._meta.ref_count = 1  # type: ignore[union-attr]
                 else:
-                    out[i] = self._fresh(pages[i], shape_list, dtype_list, nbytes, fmt, default)
+                    page = obj if obj.__class__ is int else obj._page  # type: ignore[union-attr]
+                    out[i] = self._fresh(page, shape_list, dtype_list, nbytes, fmt, default)  # type: ignore[arg-type]
             return out  # type: ignore[return-value]
         finally:
             lock.release()
@@ -390,14 +389,13 @@ class PagedTensorMemoryAllocator(PlacementPolicy):
     def _release_locked(self, obj: TensorMemoryObj) -> None:
         """Queue ``obj``'s page (with ``obj`` for recycling); the caller holds the lock."""
         obj.valid = False
-        self._free.append(obj._page)
-        self._parked.append(obj)
+        self._queue.append(obj)
 
     def _release_garbage_locked(self, obj: TensorMemoryObj) -> None:
         # The handle is being destroyed: queue its page without it (storing
         # it would resurrect it, and its finalizer never runs twice).
         obj.valid = False
-        self._put(obj._page, None)
+        self._queue.append(obj._page)
 
     def batched_free(
         self,
@@ -425,18 +423,19 @@ class PagedTensorMemoryAllocator(PlacementPolicy):
         try:
             if self._pinned:
                 self._unpin_listed_locked(memory_objs)
-            free = self._free
-            parked = self._parked
-            put_page = free.append
-            put_handle = parked.append
-            before = len(free)
-            closed = self._closed
+            queue = self._queue
+            put = queue.append
+            before = len(queue)
             try:
+                if self._closed:  # every object of a closed pool is dead
+                    for obj in memory_objs:
+                        self._check_owned(obj)
+                    stale = memory_objs
+                    memory_objs = []
                 for obj in memory_objs:
-                    if obj._pool is self and obj.valid and not closed:  # type: ignore[attr-defined]
+                    if obj._pool is self and obj.valid:  # type: ignore[attr-defined]
                         obj.valid = False  # type: ignore[attr-defined]
-                        put_page(obj._page)  # type: ignore[attr-defined]
-                        put_handle(obj)  # type: ignore[arg-type]
+                        put(obj)  # type: ignore[arg-type]
                     elif obj._pool is self:  # type: ignore[attr-defined]
                         stale.append(obj)
                     else:
@@ -444,9 +443,8 @@ class PagedTensorMemoryAllocator(PlacementPolicy):
             except AttributeError:
                 # Not ours (another pool's handle, or not a handle at all):
                 # undo this call's frees, so that nothing is freed, and raise.
-                while len(free) > before:
-                    free.pop()
-                    parked.pop().valid = True  # type: ignore[union-attr]
+                while len(queue) > before:
+                    queue.pop().valid = True  # type: ignore[union-attr]
                 self._check_owned(obj)
                 raise
         finally:
@@ -465,10 +463,11 @@ class PagedTensorMemoryAllocator(PlacementPolicy):
     # -- lifecycle and checks -----------------------------------------
 
     def _forget_memory_locked(self) -> None:
-        for obj in self._parked:
-            if obj is not None:
-                obj._raw = None
-        self._parked = [None] * len(self._parked)
+        for obj in self._queue:
+            if obj.__class__ is not int:
+                obj._raw = None  # type: ignore[union-attr]
+        self._queue = self.free_blocks
+        self._head = 0
         self._paged_buffers = None
 
     def memcheck(self) -> bool:
@@ -487,17 +486,16 @@ class PagedTensorMemoryAllocator(PlacementPolicy):
             self._drain_dropped_locked()
             problems = []
             head = self._head
-            pages = self._free[head:]
+            entries = self._queue[head:]
+            pages = [e if e.__class__ is int else e._page for e in entries]  # type: ignore[union-attr]
             if len(set(pages)) != len(pages):
                 problems.append("a page is in the free queue twice")
             if any(not 0 <= p < self._num_pages for p in pages):
                 problems.append("a free page index is out of range")
-            if len(self._parked) != len(self._free):
-                problems.append("the free queue and its handles differ in length")
-            for page, obj in zip(pages, self._parked[head:], strict=False):
-                if obj is not None and (obj.valid or obj._page != page):
-                    problems.append(f"queued handle {obj!r} is live or filed under page {page}")
-            if any(obj is not None for obj in self._parked[:head]):
+            for obj in entries:
+                if obj.__class__ is not int and (obj.valid or obj._pool is not self):  # type: ignore[union-attr]
+                    problems.append(f"queued handle {obj!r} is live or not this pool's")
+            if any(e.__class__ is not int for e in self._queue[:head]):
                 problems.append("the consumed part of the queue still holds handles")
             if not 0 <= self._pinned <= self._num_pages - len(pages):
                 problems.append(f"pin counter {self._pinned} out of range")

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import torch
+from core_helpers import PAGED_DTYPE, PAGED_SHAPE
 
 import kvpool
 
@@ -75,9 +76,6 @@ def make_extent() -> Callable[..., kvpool.TensorMemoryAllocator]:
 
 
 # One page of the default paged layout: [2, 2, 16, 8] float16 = 1 KiB.
-PAGED_SHAPE = torch.Size([2, 2, 16, 8])
-PAGED_DTYPE = torch.float16
-PAGED_BYTES = PAGED_SHAPE.numel() * 2
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import PAGED_BYTES, PAGED_DTYPE, PAGED_SHAPE
+from core_helpers import PAGED_BYTES, PAGED_DTYPE, PAGED_SHAPE
 
 import kvpool
 from kvpool import (

@@ -12,7 +12,7 @@ import os
 
 import pytest
 import torch
-from conftest import PAGED_BYTES, PAGED_DTYPE, PAGED_SHAPE
+from core_helpers import PAGED_BYTES, PAGED_DTYPE, PAGED_SHAPE
 
 import kvpool
 from kvpool import MemoryFormat, MemoryObjMetadata, TensorMemoryObj

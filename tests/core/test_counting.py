@@ -12,7 +12,7 @@ import importlib.util
 
 import pytest
 import torch
-from conftest import PAGED_DTYPE, PAGED_SHAPE
+from core_helpers import PAGED_DTYPE, PAGED_SHAPE
 
 import kvpool
 import kvpool.misuse

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import PAGED_BYTES, PAGED_DTYPE, PAGED_SHAPE
+from core_helpers import PAGED_BYTES, PAGED_DTYPE, PAGED_SHAPE
 
 import kvpool
 from kvpool import MemoryFormat

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 import torch
-from conftest import PAGED_DTYPE, PAGED_SHAPE
+from core_helpers import PAGED_DTYPE, PAGED_SHAPE
 
 import kvpool
 from kvpool import MemoryFormat, MemoryObjMetadata, TensorMemoryAllocator, TensorMemoryObj

@@ -24,7 +24,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from conftest import PAGED_BYTES, PAGED_DTYPE, PAGED_SHAPE
+from core_helpers import PAGED_BYTES, PAGED_DTYPE, PAGED_SHAPE
 
 import kvpool
 
