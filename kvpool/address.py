@@ -459,7 +459,11 @@ class AddressManager:
             for start in starts:
                 del live[start]
         self.total_allocated_size -= size
-        self._give_back(address, address + size)
+        end = address + size
+        if end == self._top and address not in self._hole_end:
+            self._top = address  # the topmost allocation: no hole to merge
+            return
+        self._give_back(address, end)
 
     def _give_back(self, start: int, end: int) -> None:
         """Make ``[start, end)`` free, coalescing with its free neighbours."""
