@@ -44,7 +44,7 @@ from kvpool.interface import MemoryAllocatorInterface
 from kvpool.numa import NUMAMapping, resolve_numa_node
 from kvpool.objects import MemoryObj, MemoryObjMetadata, TensorMemoryObj
 from kvpool.paged import PagedTensorMemoryAllocator
-from kvpool.pools import TENSOR_FORMATS, MemoryPool, build_policy
+from kvpool.pools import TENSOR_FORMATS, MemoryPool, build_policy_or_close
 from kvpool.system import read_hugepage_info
 
 __all__ = [
@@ -80,7 +80,23 @@ def _check_size(size: object) -> int:
     return size
 
 
-class HostMemoryAllocator(MemoryPool):
+class _HostPool(MemoryPool):
+    """A pool in host memory pinned per the class's ``_pin`` policy."""
+
+    _pin = "none"
+
+    def __init__(self, size: int, use_paging: bool = False, **kwargs: Any) -> None:
+        backing = HostBacking(_check_size(size), pin=self._pin, hugepages=default_hugepages())
+        policy = build_policy_or_close(
+            backing,
+            use_paging,
+            align_bytes=kwargs.get("align_bytes", AddressManager.ALIGN_BYTES),
+            **_paging(use_paging, kwargs),
+        )
+        super().__init__(backing, policy, name=type(self).__name__)
+
+
+class HostMemoryAllocator(_HostPool):
     """A pool in pageable (not pinned) host memory.
 
     Args:
@@ -90,22 +106,10 @@ class HostMemoryAllocator(MemoryPool):
             ``align_bytes`` for the extent policy.
     """
 
-    def __init__(self, size: int, use_paging: bool = False, **kwargs: Any) -> None:
-        backing = HostBacking(_check_size(size), pin="none", hugepages=default_hugepages())
-        try:
-            policy = build_policy(
-                backing,
-                use_paging,
-                align_bytes=kwargs.get("align_bytes", AddressManager.ALIGN_BYTES),
-                **_paging(use_paging, kwargs),
-            )
-        except BaseException:
-            backing.close()
-            raise
-        super().__init__(backing, policy, name="HostMemoryAllocator")
+    _pin = "none"
 
 
-class PinMemoryAllocator(MemoryPool):
+class PinMemoryAllocator(_HostPool):
     """A pool in pinned host memory (CUDA-pinned, else mlocked when allowed).
 
     Args:
@@ -115,19 +119,7 @@ class PinMemoryAllocator(MemoryPool):
             ``align_bytes`` for the extent policy.
     """
 
-    def __init__(self, size: int, use_paging: bool = False, **kwargs: Any) -> None:
-        backing = HostBacking(_check_size(size), pin="auto", hugepages=default_hugepages())
-        try:
-            policy = build_policy(
-                backing,
-                use_paging,
-                align_bytes=kwargs.get("align_bytes", AddressManager.ALIGN_BYTES),
-                **_paging(use_paging, kwargs),
-            )
-        except BaseException:
-            backing.close()
-            raise
-        super().__init__(backing, policy, name="PinMemoryAllocator")
+    _pin = "auto"
 
 
 class MixedMemoryAllocator(MemoryPool):
@@ -183,13 +175,9 @@ class MixedMemoryAllocator(MemoryPool):
             shm_name=self.shm_name,
             shm_reuse=bool(kwargs.get("shm_reuse", False)),
         )
-        try:
-            policy = build_policy(
-                backing, use_paging, align_bytes=self.align_bytes, **_paging(use_paging, kwargs)
-            )
-        except BaseException:
-            backing.close()
-            raise
+        policy = build_policy_or_close(
+            backing, use_paging, align_bytes=self.align_bytes, **_paging(use_paging, kwargs)
+        )
         super().__init__(
             backing,
             policy,
@@ -258,7 +246,7 @@ class GPUMemoryAllocator(MemoryPool):
         if not torch.cuda.is_available() and str(device).startswith("cuda"):
             device = "cpu"
         backing = _device_backing(size, device)
-        policy = build_policy(
+        policy = build_policy_or_close(
             backing,
             use_paging,
             align_bytes=AddressManager.ALIGN_BYTES if align_bytes is None else align_bytes,
@@ -294,7 +282,7 @@ class XPUMemoryAllocator(MemoryPool):
                 "(torch.xpu.is_available() is False here)"
             )
         backing = _device_backing(size, device)
-        policy = build_policy(
+        policy = build_policy_or_close(
             backing,
             use_paging,
             align_bytes=AddressManager.ALIGN_BYTES if align_bytes is None else align_bytes,

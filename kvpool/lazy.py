@@ -23,7 +23,7 @@ from kvpool.address import AddressManager
 from kvpool.backing import HostBacking, default_hugepages
 from kvpool.errors import InvalidArgumentError
 from kvpool.numa import NUMAMapping, resolve_numa_node
-from kvpool.pools import MemoryPool, build_policy
+from kvpool.pools import MemoryPool, build_policy, check_align_bytes
 
 __all__ = ["LazyMemoryAllocator"]
 
@@ -74,6 +74,7 @@ class LazyMemoryAllocator(MemoryPool):
                 raise InvalidArgumentError(
                     f"{name} must be a positive number of bytes, got {value!r}"
                 )
+        check_align_bytes(align_bytes)
         if init_size is None:
             init_size = min(size, 1 << 30)
         bad_init = isinstance(init_size, bool) or not isinstance(init_size, int)

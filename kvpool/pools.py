@@ -37,7 +37,15 @@ from kvpool.interface import MemoryAllocatorInterface, PoolStats
 from kvpool.objects import BytesBufferMemoryObj, MemoryObj
 from kvpool.paged import PagedTensorMemoryAllocator
 
-__all__ = ["TENSOR_FORMATS", "BufferAllocator", "MemoryPool", "build_policy", "live_pools"]
+__all__ = [
+    "TENSOR_FORMATS",
+    "BufferAllocator",
+    "MemoryPool",
+    "build_policy",
+    "build_policy_or_close",
+    "check_align_bytes",
+    "live_pools",
+]
 
 #: Formats a pool places in its own memory (BINARY_BUFFER goes to byte buffers).
 TENSOR_FORMATS = frozenset(
@@ -134,6 +142,24 @@ class BufferAllocator(MemoryAllocatorInterface):
         return "BufferAllocator"
 
 
+def check_align_bytes(align_bytes: object) -> int:
+    """Validate an ``align_bytes`` argument.
+
+    Raises:
+        InvalidArgumentError: not a positive power of two.
+    """
+    if (
+        isinstance(align_bytes, bool)
+        or not isinstance(align_bytes, int)
+        or align_bytes <= 0
+        or align_bytes & (align_bytes - 1)
+    ):
+        raise InvalidArgumentError(
+            f"align_bytes must be a positive power of two, got {align_bytes!r}"
+        )
+    return align_bytes
+
+
 def build_policy(
     backing: Backing,
     use_paging: bool,
@@ -166,18 +192,19 @@ def build_policy(
             fmt,  # type: ignore[arg-type]
             byte_view=backing.view,
         )
-    if (
-        isinstance(align_bytes, bool)
-        or not isinstance(align_bytes, int)
-        or align_bytes <= 0
-        or align_bytes & (align_bytes - 1)
-    ):
-        raise InvalidArgumentError(
-            f"align_bytes must be a positive power of two, got {align_bytes!r}"
-        )
+    check_align_bytes(align_bytes)
     return TensorMemoryAllocator(
         backing.tensor, align_bytes, init_address_space, byte_view=backing.view
     )
+
+
+def build_policy_or_close(backing: Backing, use_paging: bool, **policy_args: Any) -> Policy:
+    """:func:`build_policy`, closing ``backing`` if it fails (so nothing leaks)."""
+    try:
+        return build_policy(backing, use_paging, **policy_args)
+    except BaseException:
+        backing.close()
+        raise
 
 
 class MemoryPool(MemoryAllocatorInterface):
