@@ -13,6 +13,7 @@ the lock, so they are exact under any interleaving.
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import torch
 
@@ -58,6 +59,21 @@ def check_batch_size(batch_size: object) -> int:
     if batch_size < 0:  # type: ignore[operator]
         raise InvalidArgumentError(f"batch_size must be >= 0, got {batch_size}")
     return batch_size  # type: ignore[return-value]
+
+
+def _layout(shapes: Any, dtypes: Any) -> tuple[list[torch.Size], list[torch.dtype], int]:
+    """Validate a request's layout; returns (shapes, dtypes, bytes > 0)."""
+    if shapes.__class__ is _Size and dtypes.__class__ is _dtype:
+        nbytes = shapes.numel() * dtypes.itemsize
+        if nbytes > 0:  # the common case: one group, checked inline
+            return [shapes], [dtypes], nbytes
+    shape_list, dtype_list, nbytes = normalize_layout(shapes, dtypes)
+    if nbytes <= 0:
+        raise InvalidArgumentError(
+            f"cannot allocate a layout of 0 bytes (shapes {shape_list}); "
+            "every dimension must be > 0"
+        )
+    return shape_list, dtype_list, nbytes
 
 
 class TensorMemoryAllocator(PlacementPolicy):
@@ -163,19 +179,9 @@ class TensorMemoryAllocator(PlacementPolicy):
 
         Complexity: O(1).
         """
-        if shapes.__class__ is _Size and dtypes.__class__ is _dtype:
-            nbytes = shapes.numel() * dtypes.itemsize  # type: ignore[union-attr]
-            shape_list = [shapes]
-            dtype_list = [dtypes]
-        else:
-            shape_list, dtype_list, nbytes = normalize_layout(shapes, dtypes)
+        shape_list, dtype_list, nbytes = _layout(shapes, dtypes)
         if fmt.__class__ is not MemoryFormat:
             check_format(fmt)
-        if nbytes <= 0:
-            raise InvalidArgumentError(
-                f"cannot allocate a layout of 0 bytes (shapes {shape_list}); "
-                "every dimension must be > 0"
-            )
         lock = self._lock
         lock.acquire()
         try:
@@ -221,19 +227,9 @@ class TensorMemoryAllocator(PlacementPolicy):
 
         Complexity: O(batch_size).
         """
-        if shapes.__class__ is _Size and dtypes.__class__ is _dtype:
-            nbytes = shapes.numel() * dtypes.itemsize  # type: ignore[union-attr]
-            shape_list = [shapes]
-            dtype_list = [dtypes]
-        else:
-            shape_list, dtype_list, nbytes = normalize_layout(shapes, dtypes)
+        shape_list, dtype_list, nbytes = _layout(shapes, dtypes)
         check_format(fmt)
         check_batch_size(batch_size)
-        if nbytes <= 0:
-            raise InvalidArgumentError(
-                f"cannot allocate a layout of 0 bytes (shapes {shape_list}); "
-                "every dimension must be > 0"
-            )
         if batch_size == 0:
             return []
         shape0 = shape_list[0]
