@@ -12,7 +12,6 @@ the lock, so they are exact under any interleaving.
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import torch
@@ -31,7 +30,6 @@ __all__ = ["TensorMemoryAllocator"]
 _Size = torch.Size
 _dtype = torch.dtype
 _TMO = TensorMemoryObj
-_getrefcount = sys.getrefcount
 
 
 def check_format(fmt: object) -> MemoryFormat:
