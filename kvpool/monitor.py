@@ -199,8 +199,8 @@ class PinMonitor:
                 self._reported.add(key)
             if first:
                 logger.warning(
-                    "memory object %r has been pinned for %.1f s (timeout %.1f s)%s",
-                    report.obj,
+                    "memory object %s has been pinned for %.1f s (timeout %.1f s)%s",
+                    repr(report.obj),
                     report.pinned_for,
                     self.timeout,
                     "; unpinning it" if self.force_unpin else "",

@@ -430,9 +430,9 @@ class TensorMemoryObj(MemoryObj):
             elif self.parent_allocator is not None:
                 meta = self._meta
                 logger.warning(
-                    "memory object %r garbage-collected with ref_count=%d, pin_count=%d; "
+                    "memory object %s garbage-collected with ref_count=%d, pin_count=%d; "
                     "freeing it (ref_count_down()/unpin() was not called)",
-                    self,
+                    repr(self),
                     meta.ref_count,
                     meta.pin_count,
                 )
@@ -616,8 +616,8 @@ class TensorMemoryObj(MemoryObj):
                 if meta.ref_count <= 0:
                     if self._pool is None and self.parent_allocator is None:
                         logger.error(
-                            "unpin of %r: no references and no parent allocator to free it",
-                            self,
+                            "unpin of %s: no references and no parent allocator to free it",
+                            repr(self),
                         )
                     else:
                         self._free_locked()
@@ -666,7 +666,7 @@ class TensorMemoryObj(MemoryObj):
     def raw_tensor(self) -> torch.Tensor | None:
         """The flat byte tensor behind the object (None, with a warning, once freed)."""
         if not self.is_valid():
-            logger.warning("raw_tensor of a freed memory object %r", self)
+            logger.warning("raw_tensor of a freed memory object %s", repr(self))
             return None
         return self.raw_data
 
@@ -678,7 +678,7 @@ class TensorMemoryObj(MemoryObj):
         bytes.  None, with a warning, once the object is freed.
         """
         if not self.is_valid():
-            logger.warning("tensor of a freed memory object %r", self)
+            logger.warning("tensor of a freed memory object %s", repr(self))
             return None
         if self._used_size_override is not None:
             return self._bytes_tensor(self._used_size_override)
@@ -701,7 +701,7 @@ class TensorMemoryObj(MemoryObj):
             IndexError: no such group.
         """
         if not self.is_valid():
-            logger.warning("get_tensor of a freed memory object %r", self)
+            logger.warning("get_tensor of a freed memory object %s", repr(self))
             return None
         shapes = self.get_shapes()
         dtypes = self.get_dtypes()
@@ -931,7 +931,7 @@ class BytesBufferMemoryObj(MemoryObj):
     def tensor(self) -> torch.Tensor | None:
         """None: a byte buffer has no tensor view."""
         if not self.valid:
-            logger.warning("tensor of an invalidated memory object %r", self)
+            logger.warning("tensor of an invalidated memory object %s", repr(self))
         return None
 
     @property

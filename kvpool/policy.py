@@ -158,9 +158,9 @@ class PlacementPolicy(MemoryAllocatorInterface):
             return
         meta = obj._meta
         logger.warning(
-            "reclaiming %r: it was garbage-collected with ref_count=%d, pin_count=%d "
+            "reclaiming %s: it was garbage-collected with ref_count=%d, pin_count=%d "
             "(ref_count_down()/unpin() was not called)",
-            obj,
+            repr(obj),
             meta.ref_count,
             meta.pin_count,
         )

@@ -12,7 +12,8 @@ Lifecycle: ``close()`` is idempotent and ``with`` closes on exit.  It
 invalidates every object of the pool and returns the memory; a view made
 before (a ``byte_array`` slice, a tensor) keeps the mapping alive until it
 is released, so nothing dangles.  Garbage collection of the pool is only
-a backstop for close().
+a backstop for close(): a live object keeps its pool alive, so the
+backstop runs once the pool and all its objects are unreachable.
 
 Thread safety: the placement policy's lock is the pool's one lock; the
 pool adds none.
@@ -236,6 +237,10 @@ class MemoryPool(MemoryAllocatorInterface):
     ) -> None:
         self.backing = backing
         self.allocator: Policy = policy
+        # The policy (which every live object references) keeps its pool
+        # alive, so the garbage-collection backstop below never closes a
+        # pool whose objects are still in use.
+        policy._owner = self  # type: ignore[union-attr]
         self.buffer_allocator = BufferAllocator("cpu") if byte_buffers else None
         self._formats = frozenset(formats)
         self._name = name

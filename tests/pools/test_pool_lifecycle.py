@@ -319,10 +319,13 @@ def test_dropping_the_pool_first_then_its_objects(
         view = obj.byte_array
         del pool
         gc.collect()
-        assert not obj.is_valid()  # the finalizer closed the pool
-        del obj
-        gc.collect()
-        assert not buf.unmapped  # the view still holds it
+        # A live object keeps its pool (and the pool's memory) alive.
+        assert obj.is_valid() and not buf.closed
+        view[:4] = b"live"
+        del obj  # the last object goes: the garbage-collection backstop
+        gc.collect()  # releases it, then closes the pool
+        assert buf.closed
+        assert not buf.unmapped  # the view still holds the mapping
         del view
         gc.collect()
         assert buf.unmapped
