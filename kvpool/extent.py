@@ -4,10 +4,10 @@
 chosen by an :class:`~kvpool.address.AddressManager` (O(1) good fit) and
 hands out a fresh :class:`~kvpool.objects.TensorMemoryObj` per allocation.
 
-Thread safety: one lock - the address manager's - covers the placement,
-the table of live objects and the pin counter, and guards the counts of
-every object of the pool.  Statistics are derived from that state under
-the lock, so they are exact under any interleaving.
+Thread safety: one lock - the address manager's - covers the placement
+and the pin counter, and guards the counts of every object of the pool.
+Statistics are derived from that state under the lock, so they are exact
+under any interleaving.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Memory objects: a handle on one allocation, its metadata and its views.
 
-Contracts (see also ``docs`` in the README):
+Contracts (the README's Contracts section says the same for users):
 
 * **A freed handle is dead.**  Pools hand out a *new* handle object for
   every allocation (or recycle one only when nothing else references it),
@@ -20,6 +20,9 @@ Contracts (see also ``docs`` in the README):
   memoryview, so it keeps the pool's mapping alive for as long as it
   exists (it does not keep the *allocation*: once the object is freed its
   bytes may be reused, as with any pool).
+* **Garbage collection is a backstop.**  A live object dropped without
+  ``ref_count_down`` gives its memory back from its finalizer, with a
+  warning (see :mod:`kvpool.policy`); a live object keeps its pool alive.
 """
 
 from __future__ import annotations
