@@ -299,18 +299,17 @@ class AddressManager:
                 self._bitmap &= ~(1 << cls)
             block = self._hole_start.pop(start)
             del self._hole_end[start + block]
-            if block > aligned:
-                self._add_hole(start + aligned, block - aligned)
         elif self._size - self._top >= aligned:
             start = self._top
             self._top = start + aligned
+            block = aligned
         else:
             hole = self._take_tight_hole(units)
             if hole is None:
                 raise self._exhausted(size, aligned)
             start, block = hole
-            if block > aligned:
-                self._add_hole(start + aligned, block - aligned)
+        if block > aligned:  # a hole larger than asked for: keep the rest free
+            self._add_hole(start + aligned, block - aligned)
         self._live[start] = aligned
         self.total_allocated_size += aligned
         return start, aligned
