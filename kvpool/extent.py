@@ -18,10 +18,9 @@ import torch
 
 from kvpool.address import AddressManager
 from kvpool.arena import arena_from_tensor
-from kvpool.errors import AddressSpaceExhaustedError, InvalidArgumentError
+from kvpool.errors import InvalidArgumentError
 from kvpool.formats import MemoryFormat, normalize_layout
 from kvpool.interface import PoolStats
-from kvpool.misuse import logger
 from kvpool.objects import MemoryObj, MemoryObjMetadata, TensorMemoryObj, _new_pooled
 from kvpool.policy import PlacementPolicy, check_object_list
 
@@ -185,15 +184,10 @@ class TensorMemoryAllocator(PlacementPolicy):
         try:
             if self._closed:
                 self._check_open("allocate")
-            try:
-                addr, phy = self._am_allocate(nbytes)
-            except AddressSpaceExhaustedError:
-                if not self._drain_dropped_locked():
-                    return None
-                try:
-                    addr, phy = self._am_allocate(nbytes)
-                except AddressSpaceExhaustedError:
-                    return None
+            placed = self._retry_after_drain_locked(self._am_allocate, nbytes)
+            if placed is None:
+                return None
+            addr, phy = placed
             meta = MemoryObjMetadata(
                 shape_list[0], dtype_list[0], addr, phy, 1, 0, fmt, None, shape_list, dtype_list
             )
@@ -237,16 +231,11 @@ class TensorMemoryAllocator(PlacementPolicy):
         try:
             if self._closed:
                 self._check_open("batched_allocate")
-            am = self.address_manager
-            try:
-                ranges = am.batched_allocate_locked(nbytes, batch_size)
-            except AddressSpaceExhaustedError:
-                if not self._drain_dropped_locked():
-                    return None
-                try:
-                    ranges = am.batched_allocate_locked(nbytes, batch_size)
-                except AddressSpaceExhaustedError:
-                    return None
+            ranges = self._retry_after_drain_locked(
+                self.address_manager.batched_allocate_locked, nbytes, batch_size
+            )
+            if ranges is None:
+                return None
             return [
                 _new_pooled(
                     self,
@@ -298,16 +287,15 @@ class TensorMemoryAllocator(PlacementPolicy):
         lock = self._lock
         lock.acquire()
         try:
+            if self._pinned:
+                self._unpin_listed_locked(memory_objs)
             ranges = []
-            check_pins = self._pinned > 0
             for obj in memory_objs:
                 if not obj.valid or self._closed:  # type: ignore[attr-defined]
                     stale.append(obj)
                     continue
                 obj.valid = False  # type: ignore[attr-defined]
                 obj._raw = None  # type: ignore[attr-defined]
-                if check_pins:
-                    self._unpinned_by_free(obj)  # type: ignore[arg-type]
                 ranges.append((obj._off, obj._phy))  # type: ignore[attr-defined]
             if ranges:
                 self.address_manager.batched_free_locked(ranges)
@@ -342,9 +330,7 @@ class TensorMemoryAllocator(PlacementPolicy):
                 problems.append(f"pin counter {self._pinned} out of range")
         finally:
             lock.release()
-        for problem in problems:
-            logger.error("memcheck(%s): %s", self, problem)
-        return not problems
+        return self._log_problems(problems)
 
     def __str__(self) -> str:
         return "TensorMemoryAllocator"

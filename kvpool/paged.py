@@ -42,7 +42,6 @@ from kvpool.errors import InvalidArgumentError
 from kvpool.extent import check_batch_size, check_format
 from kvpool.formats import MemoryFormat, normalize_layout
 from kvpool.interface import PoolStats
-from kvpool.misuse import logger
 from kvpool.objects import MemoryObj, MemoryObjMetadata, TensorMemoryObj, _new_pooled
 from kvpool.policy import PlacementPolicy, check_object_list
 
@@ -452,14 +451,6 @@ class PagedTensorMemoryAllocator(PlacementPolicy):
         for obj in stale:
             self._report_already_freed(obj)
 
-    def _unpin_listed_locked(self, memory_objs: list[MemoryObj]) -> None:
-        """Drop the pins of the pinned objects of a batch about to be freed."""
-        for obj in memory_objs:
-            self._check_owned(obj)
-        for obj in memory_objs:
-            if obj.valid:  # type: ignore[attr-defined]
-                self._unpinned_by_free(obj)  # type: ignore[arg-type]
-
     # -- lifecycle and checks -----------------------------------------
 
     def _forget_memory_locked(self) -> None:
@@ -501,9 +492,7 @@ class PagedTensorMemoryAllocator(PlacementPolicy):
                 problems.append(f"pin counter {self._pinned} out of range")
         finally:
             lock.release()
-        for problem in problems:
-            logger.error("memcheck(%s): %s", self, problem)
-        return not problems
+        return self._log_problems(problems)
 
     def __str__(self) -> str:
         return "PagedTensorMemoryAllocator"

@@ -32,7 +32,12 @@ from typing import Any
 import torch
 
 from kvpool.arena import Arena
-from kvpool.errors import InvalidArgumentError, InvalidHandleError, PoolClosedError
+from kvpool.errors import (
+    AddressSpaceExhaustedError,
+    InvalidArgumentError,
+    InvalidHandleError,
+    PoolClosedError,
+)
 from kvpool.interface import MemoryAllocatorInterface
 from kvpool.misuse import report
 from kvpool.monitor import PinMonitor
@@ -175,6 +180,40 @@ class PlacementPolicy(MemoryAllocatorInterface):
             self._release_dropped_locked(dropped.popleft())
             count += 1
         return count
+
+    def _retry_after_drain_locked(self, place: Any, *args: Any) -> Any:
+        """``place(*args)``; on a full pool, release the queued garbage and retry.
+
+        Returns:
+            What ``place`` returned, or None when the pool stays full.
+        """
+        try:
+            return place(*args)
+        except AddressSpaceExhaustedError:
+            if not self._drain_dropped_locked():
+                return None
+            try:
+                return place(*args)
+            except AddressSpaceExhaustedError:
+                return None
+
+    def _unpin_listed_locked(self, memory_objs: Sequence[Any]) -> None:
+        """Drop the pins of the live objects of a batch about to be freed.
+
+        Every object is checked to be this pool's first, so a foreign one
+        raises before any pin is dropped.
+        """
+        for obj in memory_objs:
+            self._check_owned(obj)
+        for obj in memory_objs:
+            if obj.valid:
+                self._unpinned_by_free(obj)
+
+    def _log_problems(self, problems: list[str]) -> bool:
+        """Log memcheck's findings; True when there are none."""
+        for problem in problems:
+            logger.error("memcheck(%s): %s", self, problem)
+        return not problems
 
     # -- lifecycle ----------------------------------------------------------
 
