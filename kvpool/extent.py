@@ -22,40 +22,13 @@ from kvpool.errors import InvalidArgumentError
 from kvpool.formats import MemoryFormat, normalize_layout
 from kvpool.interface import PoolStats
 from kvpool.objects import MemoryObj, MemoryObjMetadata, TensorMemoryObj, _new_pooled
-from kvpool.policy import PlacementPolicy, check_object_list
+from kvpool.policy import PlacementPolicy, check_batch_size, check_format, check_object_list
 
 __all__ = ["TensorMemoryAllocator"]
 
 _Size = torch.Size
 _dtype = torch.dtype
 _TMO = TensorMemoryObj
-
-
-def check_format(fmt: object) -> MemoryFormat:
-    """Validate a ``fmt`` argument.
-
-    Raises:
-        InvalidArgumentError: ``fmt`` is not a :class:`MemoryFormat`.
-    """
-    if fmt.__class__ is not MemoryFormat:
-        names = ", ".join(f.name for f in MemoryFormat)
-        raise InvalidArgumentError(f"fmt must be a MemoryFormat ({names}), got {fmt!r}")
-    return fmt  # type: ignore[return-value]
-
-
-def check_batch_size(batch_size: object) -> int:
-    """Validate a ``batch_size`` argument (an int >= 0).
-
-    Raises:
-        InvalidArgumentError: not an int, or negative.
-    """
-    if batch_size.__class__ is not int and (
-        isinstance(batch_size, bool) or not isinstance(batch_size, int)
-    ):
-        raise InvalidArgumentError(f"batch_size must be an int, got {batch_size!r}")
-    if batch_size < 0:  # type: ignore[operator]
-        raise InvalidArgumentError(f"batch_size must be >= 0, got {batch_size}")
-    return batch_size  # type: ignore[return-value]
 
 
 def _layout(shapes: Any, dtypes: Any) -> tuple[list[torch.Size], list[torch.dtype], int]:

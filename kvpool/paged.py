@@ -39,11 +39,10 @@ import torch
 
 from kvpool.arena import arena_from_tensor
 from kvpool.errors import InvalidArgumentError
-from kvpool.extent import check_batch_size, check_format
 from kvpool.formats import MemoryFormat, normalize_layout
 from kvpool.interface import PoolStats
 from kvpool.objects import MemoryObj, MemoryObjMetadata, TensorMemoryObj, _new_pooled
-from kvpool.policy import PlacementPolicy, check_object_list
+from kvpool.policy import PlacementPolicy, check_batch_size, check_format, check_object_list
 
 __all__ = ["PagedAddressManager", "PagedTensorMemoryAllocator"]
 

@@ -38,6 +38,7 @@ from kvpool.errors import (
     InvalidHandleError,
     PoolClosedError,
 )
+from kvpool.formats import MemoryFormat
 from kvpool.interface import MemoryAllocatorInterface
 from kvpool.misuse import report
 from kvpool.monitor import PinMonitor
@@ -62,6 +63,33 @@ def check_object_list(memory_objs: object, what: str) -> Sequence[Any]:
             "wrap a single object in a list"
         )
     return memory_objs
+
+
+def check_format(fmt: object) -> MemoryFormat:
+    """Validate a ``fmt`` argument.
+
+    Raises:
+        InvalidArgumentError: ``fmt`` is not a :class:`MemoryFormat`.
+    """
+    if fmt.__class__ is not MemoryFormat:
+        names = ", ".join(f.name for f in MemoryFormat)
+        raise InvalidArgumentError(f"fmt must be a MemoryFormat ({names}), got {fmt!r}")
+    return fmt  # type: ignore[return-value]
+
+
+def check_batch_size(batch_size: object) -> int:
+    """Validate a ``batch_size`` argument (an int >= 0).
+
+    Raises:
+        InvalidArgumentError: not an int, or negative.
+    """
+    if batch_size.__class__ is not int and (
+        isinstance(batch_size, bool) or not isinstance(batch_size, int)
+    ):
+        raise InvalidArgumentError(f"batch_size must be an int, got {batch_size!r}")
+    if batch_size < 0:  # type: ignore[operator]
+        raise InvalidArgumentError(f"batch_size must be >= 0, got {batch_size}")
+    return batch_size  # type: ignore[return-value]
 
 
 class PlacementPolicy(MemoryAllocatorInterface):
