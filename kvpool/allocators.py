@@ -44,7 +44,7 @@ from kvpool.interface import MemoryAllocatorInterface
 from kvpool.numa import NUMAMapping, resolve_numa_node
 from kvpool.objects import MemoryObj, MemoryObjMetadata, TensorMemoryObj
 from kvpool.paged import PagedTensorMemoryAllocator
-from kvpool.pools import TENSOR_FORMATS, MemoryPool, build_policy_or_close
+from kvpool.pools import MemoryPool, build_policy_or_close
 from kvpool.system import read_hugepage_info
 
 __all__ = [
@@ -182,7 +182,6 @@ class MixedMemoryAllocator(MemoryPool):
             backing,
             policy,
             byte_buffers=True,
-            formats=TENSOR_FORMATS,
             name="MixedMemoryAllocator",
         )
 
@@ -219,11 +218,33 @@ def attach_pool(shm_name: str, size: int | None = None) -> HostBacking:
     return HostBacking.attach(shm_name, size)
 
 
-def _device_backing(size: int, device: str | torch.device) -> TorchBacking:
-    return TorchBacking(_check_size(size), device)
+class _DevicePool(MemoryPool):
+    """A pool in device memory (``torch.empty`` on ``device``)."""
+
+    def __init__(
+        self,
+        size: int,
+        device: str | torch.device,
+        align_bytes: int | None = None,
+        use_paging: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        backing = TorchBacking(_check_size(size), device)
+        policy = build_policy_or_close(
+            backing,
+            use_paging,
+            align_bytes=AddressManager.ALIGN_BYTES if align_bytes is None else align_bytes,
+            **_paging(use_paging, kwargs),
+        )
+        super().__init__(backing, policy, name=type(self).__name__)
+
+    @property
+    def tensor(self) -> torch.Tensor:
+        """The device memory (reference name)."""
+        return self.backing.tensor
 
 
-class GPUMemoryAllocator(MemoryPool):
+class GPUMemoryAllocator(_DevicePool):
     """A pool in device memory (``torch.empty`` on ``device``).
 
     Without CUDA the pool falls back to CPU memory, as in the reference.
@@ -245,22 +266,10 @@ class GPUMemoryAllocator(MemoryPool):
     ) -> None:
         if not torch.cuda.is_available() and str(device).startswith("cuda"):
             device = "cpu"
-        backing = _device_backing(size, device)
-        policy = build_policy_or_close(
-            backing,
-            use_paging,
-            align_bytes=AddressManager.ALIGN_BYTES if align_bytes is None else align_bytes,
-            **_paging(use_paging, kwargs),
-        )
-        super().__init__(backing, policy, name=type(self).__name__)
-
-    @property
-    def tensor(self) -> torch.Tensor:
-        """The device memory (reference name)."""
-        return self.backing.tensor
+        super().__init__(size, device, align_bytes, use_paging, **kwargs)
 
 
-class XPUMemoryAllocator(MemoryPool):
+class XPUMemoryAllocator(_DevicePool):
     """A pool in Intel XPU memory.
 
     Raises:
@@ -281,14 +290,7 @@ class XPUMemoryAllocator(MemoryPool):
                 "XPUMemoryAllocator needs an Intel XPU and a torch build with XPU support "
                 "(torch.xpu.is_available() is False here)"
             )
-        backing = _device_backing(size, device)
-        policy = build_policy_or_close(
-            backing,
-            use_paging,
-            align_bytes=AddressManager.ALIGN_BYTES if align_bytes is None else align_bytes,
-            **_paging(use_paging, kwargs),
-        )
-        super().__init__(backing, policy, name="XPUMemoryAllocator")
+        super().__init__(size, device, align_bytes, use_paging, **kwargs)
 
     def close(self) -> None:
         """Synchronize the XPU, then close (idempotent)."""

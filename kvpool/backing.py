@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from kvpool import host
-from kvpool.errors import InvalidArgumentError, PoolClosedError
+from kvpool.errors import InvalidArgumentError
 
 __all__ = ["HUGEPAGES_ENV", "Backing", "HostBacking", "TorchBacking", "default_hugepages"]
 
@@ -201,9 +201,3 @@ class TorchBacking(Backing):
     def describe(self) -> dict[str, Any]:
         """Kind, size and device."""
         return {"kind": "torch", "size": self.size, "device": str(self.tensor.device)}
-
-
-def require_open(backing: Backing, what: str) -> None:
-    """Raise :class:`PoolClosedError` when ``backing`` is closed."""
-    if backing.closed:
-        raise PoolClosedError(f"{what}: the pool's memory was released (close() was called)")

@@ -93,11 +93,10 @@ class LazyMemoryAllocator(MemoryPool):
             page = backing.buffer.page_size
             # Growth works in whole pages that are also whole alignment units.
             unit = max(page, align_bytes)
-            self._unit = unit
             self._target = _round_up(size, page)
             self._step = _round_up(step_size, unit)
             first = min(_round_up(init_size, unit), self._target)
-            self.pinned_how = backing.buffer.commit(0, first)
+            backing.buffer.commit(0, first)
             policy = build_policy(
                 backing, False, align_bytes=align_bytes, init_address_space=min(first, size)
             )

@@ -37,6 +37,7 @@ from kvpool.formats import MemoryFormat
 from kvpool.interface import MemoryAllocatorInterface, PoolStats
 from kvpool.objects import BytesBufferMemoryObj, MemoryObj
 from kvpool.paged import PagedTensorMemoryAllocator
+from kvpool.policy import check_object_list
 
 __all__ = [
     "TENSOR_FORMATS",
@@ -244,8 +245,6 @@ class MemoryPool(MemoryAllocatorInterface):
         self.buffer_allocator = BufferAllocator("cpu") if byte_buffers else None
         self._formats = frozenset(formats)
         self._name = name
-        self._closed = False
-        self._close_lock = threading.Lock()
         with _pools_lock:
             _pools.add(self)
 
@@ -268,8 +267,8 @@ class MemoryPool(MemoryAllocatorInterface):
 
     @property
     def closed(self) -> bool:
-        """True once :meth:`close` ran."""
-        return self._closed
+        """True once :meth:`close` ran (the policy's state: one flag, not two)."""
+        return self.allocator.closed
 
     @property
     def num_active_allocations(self) -> int:
@@ -359,8 +358,7 @@ class MemoryPool(MemoryAllocatorInterface):
         Raises:
             InvalidHandleError: an object belongs to another pool.
         """
-        if not memory_objs:
-            return
+        check_object_list(memory_objs, "batched_free")
         if self.buffer_allocator is not None:
             memory_objs = [o for o in memory_objs if not isinstance(o, BytesBufferMemoryObj)]
         self.allocator.batched_free(memory_objs)
@@ -377,7 +375,7 @@ class MemoryPool(MemoryAllocatorInterface):
         Raises:
             PoolClosedError: the pool was closed.
         """
-        if self._closed:
+        if self.closed:
             raise PoolClosedError(f"stats of a closed {self._name}")
         return self.allocator.stats()
 
@@ -396,11 +394,7 @@ class MemoryPool(MemoryAllocatorInterface):
         Views made earlier (``byte_array`` slices, tensors) keep the
         mapping alive until they are released.
         """
-        with self._close_lock:
-            if self._closed:
-                return
-            self._closed = True
-        self.allocator.close()
+        self.allocator.close()  # both idempotent and thread-safe
         self.backing.close()
 
     def __enter__(self) -> MemoryPool:
@@ -411,7 +405,8 @@ class MemoryPool(MemoryAllocatorInterface):
 
     def __del__(self) -> None:
         # A backstop only: close() is the contract.
-        if not getattr(self, "_closed", True):
+        allocator = getattr(self, "allocator", None)  # None: __init__ failed
+        if allocator is not None and not allocator.closed:
             with contextlib.suppress(Exception):  # never raise from a finalizer
                 self.close()
 
@@ -419,5 +414,5 @@ class MemoryPool(MemoryAllocatorInterface):
         return self._name
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else "open"
+        state = "closed" if self.closed else "open"
         return f"<{self._name} {state} {self.describe()}>"
