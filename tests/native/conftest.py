@@ -22,11 +22,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hugepage_pool import reserve_hugepages
 
 from kvpool import _native
 
 ROOT = Path(__file__).resolve().parents[2]
-NR_HUGEPAGES = Path("/proc/sys/vm/nr_hugepages")
 HUGEPAGES_WANTED = 16
 
 
@@ -50,40 +50,11 @@ def options() -> Iterator[None]:
         _native.option_set(name, value)
 
 
-def _pool() -> tuple[int, int] | None:
-    try:
-        return _native.hugepages_2m()
-    except Exception:
-        return None
-
-
 @pytest.fixture(scope="session")
 def hugepages() -> Iterator[int]:
     """Yield the number of free 2 MiB pages (>= 16), reserving them as root."""
-    pool = _pool()
-    if pool is None:
-        pytest.skip("this kernel has no 2 MiB hugepage pool")
-    total, available = pool
-    if available >= HUGEPAGES_WANTED:
-        yield available
-        return
-    if os.geteuid() != 0:
-        pytest.skip(
-            f"only {available} free 2 MiB hugepages and not root to reserve more "
-            f"(echo {total + HUGEPAGES_WANTED} | sudo tee {NR_HUGEPAGES})"
-        )
-    old = int(NR_HUGEPAGES.read_text())
-    try:
-        NR_HUGEPAGES.write_text(str(old + HUGEPAGES_WANTED - available))
-    except OSError as exc:
-        pytest.skip(f"could not reserve 2 MiB hugepages: {exc}")
-    try:
-        pool = _pool()
-        if pool is None or pool[1] < HUGEPAGES_WANTED:
-            pytest.skip(f"reserved hugepages but only {pool} are free (memory fragmented?)")
-        yield pool[1]
-    finally:
-        NR_HUGEPAGES.write_text(str(old))
+    with reserve_hugepages(HUGEPAGES_WANTED) as free:
+        yield free
 
 
 @pytest.fixture(scope="session")

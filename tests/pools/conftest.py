@@ -26,7 +26,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from pool_helpers import count_mappings, reserve_hugepages
+from hugepage_pool import reserve_hugepages
+from pool_helpers import count_mappings
 
 import kvpool
 

@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import gc
-import os
 import threading
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
-import pytest
 import torch
 
 import kvpool
@@ -19,7 +15,6 @@ from kvpool.host import live_mappings
 
 MIB = 1 << 20
 GIB = 1 << 30
-NR_HUGEPAGES = Path("/proc/sys/vm/nr_hugepages")
 
 #: One KV chunk: 2 x 4 layers x 16 tokens x 8 values of float16 = 2048 bytes.
 KV_SHAPE = torch.Size([2, 4, 16, 8])
@@ -71,42 +66,3 @@ def threads_named(name: str) -> list[threading.Thread]:
 def pattern(n: int, seed: int) -> bytes:
     """``n`` deterministic bytes that differ for different seeds."""
     return bytes((i * 31 + seed * 7 + (i >> 8)) & 0xFF for i in range(n))
-
-
-def _hugepage_pool() -> tuple[int, int] | None:
-    info = kvpool._read_hugepage_info()
-    return None if info is None else (info[0], info[1])
-
-
-@contextlib.contextmanager
-def reserve_hugepages(wanted: int) -> Iterator[int]:
-    """Make at least ``wanted`` 2 MiB pages free; restore the pool size on exit.
-
-    Yields the number of free pages.  Skips the test (with the reason) when
-    the kernel has no 2 MiB pool or it cannot be grown.
-    """
-    pool = _hugepage_pool()
-    if pool is None:
-        pytest.skip("this kernel has no 2 MiB hugepage pool")
-    total, free = pool
-    if free >= wanted:
-        yield free
-        return
-    if os.geteuid() != 0:
-        pytest.skip(
-            f"only {free} free 2 MiB hugepages and not root to reserve more "
-            f"(echo {total + wanted - free} | sudo tee {NR_HUGEPAGES})"
-        )
-    old = int(NR_HUGEPAGES.read_text())
-    try:
-        NR_HUGEPAGES.write_text(str(old + wanted - free))
-    except OSError as exc:
-        pytest.skip(f"could not reserve 2 MiB hugepages: {exc}")
-    try:
-        pool = _hugepage_pool()
-        if pool is None or pool[1] < wanted:
-            pytest.skip(f"asked for {wanted} free hugepages but the pool is {pool} (fragmented?)")
-        yield pool[1]
-    finally:
-        gc.collect()  # pools the test dropped give their pages back first
-        NR_HUGEPAGES.write_text(str(old))

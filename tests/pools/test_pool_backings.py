@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hugepage_pool import reserve_hugepages
 from pool_helpers import (
     KV_BYTES,
     KV_DTYPE,
@@ -19,7 +20,6 @@ from pool_helpers import (
     cuda_present,
     paged_kwargs,
     pattern,
-    reserve_hugepages,
 )
 
 import kvpool
