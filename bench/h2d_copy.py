@@ -24,11 +24,7 @@ import time
 
 import torch
 
-
-def _size(text: str) -> int:
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    text = text.strip().upper().removesuffix("B")
-    return int(float(text[:-1]) * units[text[-1]]) if text[-1:] in units else int(text)
+from kvpool.cliargs import size_arg
 
 
 def _gbps(nbytes: int, seconds: float) -> float:
@@ -38,7 +34,7 @@ def _gbps(nbytes: int, seconds: float) -> float:
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; return the exit status."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--size", type=_size, default=1 << 30, help="bytes per copy (default 1G)")
+    p.add_argument("--size", type=size_arg, default=1 << 30, help="bytes per copy (default 1G)")
     p.add_argument("--trials", type=int, default=10)
     p.add_argument("--hugepages", default="never", choices=["never", "auto", "required"])
     p.add_argument("--json", action="store_true")

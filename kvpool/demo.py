@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from kvpool.cliargs import positive_int, size_arg
 from kvpool.progress import Progress
 
 __all__ = ["add_parser", "run_demo"]
@@ -39,33 +40,6 @@ _PAGE = os.sysconf("SC_PAGESIZE")
 def _rss() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * _PAGE
-
-
-def _parse_size(text: str) -> int:
-    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-    value = text.strip().lower().removesuffix("ib").removesuffix("b")
-    scale = units.get(value[-1:], 1)
-    if scale != 1:
-        value = value[:-1]
-    try:
-        size = int(float(value) * scale)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a size (use bytes or a K/M/G/T suffix, e.g. 256M)"
-        ) from None
-    if size <= 0:
-        raise argparse.ArgumentTypeError(f"the size must be positive, got {text!r}")
-    return size
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
 
 
 def _human(n: float) -> str:
@@ -247,11 +221,9 @@ def add_parser(subparsers: Any) -> None:
         help="where to put the chunks: a directory, file:///path or redis://host:port/db "
         "(default: a FileStore in a temporary directory on /dev/shm)",
     )
+    p.add_argument("--size", type=size_arg, help="pool size, e.g. 256M (default: twice the chunks)")
     p.add_argument(
-        "--size", type=_parse_size, help="pool size, e.g. 256M (default: twice the chunks)"
-    )
-    p.add_argument(
-        "--chunks", type=_positive_int, default=64, help="KV chunks of 512 KiB (default 64)"
+        "--chunks", type=positive_int, default=64, help="KV chunks of 512 KiB (default 64)"
     )
     p.add_argument(
         "--hugepages", action="store_true", help="require 2 MiB hugepages (else used when free)"

@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from kvpool.cliargs import positive_int, size_arg
+
 __all__ = ["DEFAULT_REPEAT", "QUICK_SCALE", "add_parser", "run_bench"]
 
 #: Interleaved trials per variant unless --repeat says otherwise.
@@ -32,16 +34,6 @@ def _names_list(text: str) -> list[str]:
     return chosen
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value}")
-    return value
-
-
 def _positive_float(text: str) -> float:
     try:
         value = float(text)
@@ -50,15 +42,6 @@ def _positive_float(text: str) -> float:
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
     return value
-
-
-def _size(text: str) -> int:
-    from kvpool.benchmarks.pool_ready import parse_size
-
-    try:
-        return parse_size(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -90,7 +73,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--repeat",
         metavar="N",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help=f"interleaved trials per variant; the best counts (default {DEFAULT_REPEAT})",
     )
@@ -109,7 +92,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--size",
         metavar="SIZE",
-        type=_size,
+        type=size_arg,
         default=None,
         help="pool size for pool_ready, e.g. 4G, 512M (default 4G, or 256M with --quick)",
     )

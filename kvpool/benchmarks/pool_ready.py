@@ -30,6 +30,7 @@ from kvpool.benchmarks.core import (
     SkipBenchmark,
     format_bytes,
 )
+from kvpool.cliargs import parse_size
 
 __all__ = [
     "POOL_READY",
@@ -42,25 +43,6 @@ __all__ = [
 
 #: Pool size of ``--quick`` runs when ``--size`` is not given.
 QUICK_SIZE = 256 * MiB
-
-_UNITS = {"K": 10, "M": 20, "G": 30, "T": 40}
-
-
-def parse_size(text: str) -> int:
-    """Parse a byte count: ``4G``, ``512M``, ``1.5GiB``, ``4096`` (binary units).
-
-    Raises:
-        ValueError: not a size, or not positive.
-    """
-    t = text.strip().upper().removesuffix("IB").removesuffix("B")
-    try:
-        shift = _UNITS.get(t[-1:], 0)
-        value = int(float(t[:-1]) * (1 << shift)) if shift else int(t)
-    except ValueError:
-        raise ValueError(f"not a size: {text!r} (use e.g. 4G, 512M, 65536)") from None
-    if value <= 0:
-        raise ValueError(f"size must be > 0 bytes, got {text!r}")
-    return value
 
 
 def mem_available() -> int | None:
