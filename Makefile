@@ -1,6 +1,6 @@
 # kvpool -- build, test and run.
 #
-#   make            build libpinmem and its cffi module into kvpool/
+#   make            build libpinmem and its cffi module into kvpool/native/
 #   make check      build and run libpinmem's C test program
 #   make test       install what a fresh machine lacks, build, make check, pytest
 #   make demo       run the main job: the capability report, then a verified put/get round trip
@@ -60,4 +60,4 @@ lint:
 	ruff format --check .
 
 clean:
-	rm -rf $(BUILD) kvpool/libpinmem.so kvpool/_pinmem_ffi.py build dist *.egg-info
+	rm -rf $(BUILD) kvpool/native/libpinmem.so kvpool/native/_pinmem_ffi.py build dist *.egg-info

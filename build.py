@@ -6,7 +6,7 @@ it, and so does the setuptools build hook in ``setup.py`` (so ``pip install
 and cffi; no CUDA or libnuma headers (libpinmem loads CUDA with dlopen and
 calls mbind through the raw syscall).
 
-Outputs (in ``--out``, default ``kvpool/``):
+Outputs (in ``--out``, default ``kvpool/native/``):
 
 * ``libpinmem.so``   -- the shared library, loaded by absolute path;
 * ``_pinmem_ffi.py`` -- the out-of-line ABI-mode cffi module, generated
@@ -109,14 +109,14 @@ def write_ffi_module(path: Path) -> None:
 
     ffi = cffi.FFI()
     ffi.cdef(cdef_text())
-    ffi.set_source("kvpool._pinmem_ffi", None)
+    ffi.set_source("kvpool.native._pinmem_ffi", None)
     tmp = path.with_suffix(".tmp")
     ffi.emit_python_code(str(tmp))
     os.replace(tmp, path)
 
 
 def build(
-    out_dir: Path | str = ROOT / "kvpool",
+    out_dir: Path | str = ROOT / "kvpool" / "native",
     build_dir: Path | str = SRC / "build",
     *,
     force: bool = False,
@@ -140,7 +140,7 @@ def build(
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=str(ROOT / "kvpool"), help="package directory")
+    parser.add_argument("--out", default=str(ROOT / "kvpool" / "native"), help="package directory")
     parser.add_argument("--build-dir", default=str(SRC / "build"), help="object directory")
     parser.add_argument("--force", action="store_true", help="rebuild everything")
     parser.add_argument("--quiet", action="store_true", help="do not echo commands")

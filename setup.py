@@ -43,9 +43,9 @@ class BuildPyWithNative(build_py):
         super().run()
         native = _native_build()
         if getattr(self, "editable_mode", False):
-            out = ROOT / "kvpool"
+            out = ROOT / "kvpool" / "native"
         else:
-            out = Path(self.build_lib) / "kvpool"
+            out = Path(self.build_lib) / "kvpool" / "native"
         build_dir = Path(self.build_lib).parent / "libpinmem-objects"
         if getattr(self, "editable_mode", False):
             build_dir = ROOT / "libpinmem" / "build"
@@ -55,7 +55,7 @@ class BuildPyWithNative(build_py):
         outputs = list(super().get_outputs(include_bytecode))
         if not getattr(self, "editable_mode", False):
             for name in ("libpinmem.so", "_pinmem_ffi.py"):
-                path = os.path.join(self.build_lib, "kvpool", name)
+                path = os.path.join(self.build_lib, "kvpool", "native", name)
                 if path not in outputs:
                     outputs.append(path)
         return outputs

@@ -7,7 +7,6 @@ memory-management module, so code written against it works with
 ``import kvpool``.
 """
 
-from kvpool.address import AddressManager, FreeBlock
 from kvpool.errors import (
     AddressSpaceExhaustedError,
     FeatureUnavailableError,
@@ -23,20 +22,18 @@ from kvpool.errors import (
     SharedMemoryExistsError,
     SharedMemoryNotFoundError,
 )
-from kvpool.extent import TensorMemoryAllocator
 from kvpool.formats import MemoryFormat, get_size_bytes
-from kvpool.interface import MemoryAllocatorInterface, PoolStats
 from kvpool.misuse import set_strict_mode, strict_mode
-from kvpool.monitor import PinMonitor, PinnedReport, StatsMonitor
-from kvpool.numa import NUMAMapping
-from kvpool.objects import (
-    BytesBufferMemoryObj,
-    GDSMemoryObject,
-    MemoryObj,
-    MemoryObjMetadata,
-    TensorMemoryObj,
-)
-from kvpool.paged import PagedAddressManager, PagedTensorMemoryAllocator
+from kvpool.native.numa import NUMAMapping
+from kvpool.pool.address import AddressManager, FreeBlock
+from kvpool.pool.extent import TensorMemoryAllocator
+from kvpool.pool.handle import TensorMemoryObj
+from kvpool.pool.interface import MemoryAllocatorInterface, PoolStats
+from kvpool.pool.metadata import MemoryObjMetadata
+from kvpool.pool.monitor import PinMonitor, PinnedReport, StatsMonitor
+from kvpool.pool.objects import MemoryObj
+from kvpool.pool.paged import PagedAddressManager, PagedTensorMemoryAllocator
+from kvpool.pool.placeholders import BytesBufferMemoryObj, GDSMemoryObject
 
 __version__ = "0.1.0"
 
@@ -56,14 +53,14 @@ _NATIVE_NAMES = {
     "_free_cpu_memory": "kvpool.allocators",
     "_read_hugepage_info": "kvpool.allocators",
     "attach_pool": "kvpool.allocators",
-    "BufferAllocator": "kvpool.pools",
-    "MemoryPool": "kvpool.pools",
-    "LazyMemoryAllocator": "kvpool.lazy",
-    "HostBuffer": "kvpool.host",
-    "allocate_host": "kvpool.host",
-    "attach_shm": "kvpool.host",
-    "unlink_shm": "kvpool.host",
-    "capabilities": "kvpool.system",
+    "BufferAllocator": "kvpool.pool.pools",
+    "MemoryPool": "kvpool.pool.pools",
+    "LazyMemoryAllocator": "kvpool.pool.lazy",
+    "HostBuffer": "kvpool.native.buffer",
+    "allocate_host": "kvpool.native.buffer",
+    "attach_shm": "kvpool.native.buffer",
+    "unlink_shm": "kvpool.native.buffer",
+    "capabilities": "kvpool.native.machine",
 }
 
 

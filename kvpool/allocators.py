@@ -1,7 +1,7 @@
 """The reference API's allocator classes, as named constructions of one pool.
 
 Each class here only chooses a backing and a policy for
-:class:`~kvpool.pools.MemoryPool`; none re-implements allocation, locking
+:class:`~kvpool.pool.pools.MemoryPool`; none re-implements allocation, locking
 or freeing.
 
 =========================  ==============================================
@@ -32,20 +32,22 @@ from typing import Any
 
 import torch
 
-from kvpool.address import AddressManager
-from kvpool.backing import Backing, HostBacking, TorchBacking, default_hugepages
 from kvpool.errors import (
     FeatureUnavailableError,
     InvalidArgumentError,
     InvalidHandleError,
 )
 from kvpool.formats import MemoryFormat, normalize_layout
-from kvpool.interface import MemoryAllocatorInterface
-from kvpool.numa import NUMAMapping, resolve_numa_node
-from kvpool.objects import MemoryObj, MemoryObjMetadata, TensorMemoryObj
-from kvpool.paged import PagedTensorMemoryAllocator
-from kvpool.pools import MemoryPool, build_policy_or_close
-from kvpool.system import read_hugepage_info
+from kvpool.native.machine import read_hugepage_info
+from kvpool.native.numa import NUMAMapping, resolve_numa_node
+from kvpool.pool.address import AddressManager
+from kvpool.pool.backing import Backing, HostBacking, TorchBacking, default_hugepages
+from kvpool.pool.handle import TensorMemoryObj
+from kvpool.pool.interface import MemoryAllocatorInterface
+from kvpool.pool.metadata import MemoryObjMetadata
+from kvpool.pool.objects import MemoryObj
+from kvpool.pool.paged import PagedTensorMemoryAllocator
+from kvpool.pool.pools import MemoryPool, build_policy_or_close
 
 __all__ = [
     "AdHocMemoryAllocator",
@@ -210,7 +212,7 @@ def attach_pool(shm_name: str, size: int | None = None) -> HostBacking:
         size: bytes to map (default: the whole segment).
 
     Returns:
-        A :class:`~kvpool.backing.HostBacking`; close it to detach.
+        A :class:`~kvpool.pool.backing.HostBacking`; close it to detach.
 
     Raises:
         SharedMemoryNotFoundError: no pool of that name exists.

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kvpool.system import read_hugepage_info
+from kvpool.native.machine import read_hugepage_info
 
 NR_HUGEPAGES = Path("/proc/sys/vm/nr_hugepages")
 

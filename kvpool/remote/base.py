@@ -32,8 +32,9 @@ from kvpool.errors import (
     PoolClosedError,
 )
 from kvpool.formats import MemoryFormat, normalize_layout
-from kvpool.interface import MemoryAllocatorInterface
-from kvpool.objects import MemoryObj, TensorMemoryObj
+from kvpool.pool.handle import TensorMemoryObj
+from kvpool.pool.interface import MemoryAllocatorInterface
+from kvpool.pool.objects import MemoryObj
 from kvpool.remote.header import EntryInfo, Layout, layout_for, remember, requested
 
 __all__ = ["MAX_KEY_BYTES", "Key", "RemoteStore", "key_bytes"]

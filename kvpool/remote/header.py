@@ -23,7 +23,7 @@ narrows the new object the same way.
 
 The header CRC makes any damaged header a :class:`CorruptEntryError`
 rather than a misleading layout mismatch; the payload CRC is optional (it
-costs a pass over the bytes; see ``bench/put_get.py``).
+costs a pass over the bytes; see ``kvpool.cli.bench.store_rounds``).
 """
 
 from __future__ import annotations

@@ -56,8 +56,8 @@ from kvpool.errors import (
     StoreTimeoutError,
 )
 from kvpool.formats import MemoryFormat
-from kvpool.interface import MemoryAllocatorInterface
-from kvpool.objects import MemoryObj
+from kvpool.pool.interface import MemoryAllocatorInterface
+from kvpool.pool.objects import MemoryObj
 from kvpool.remote.base import (
     Key,
     RemoteStore,

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from kvpool.benchmarks import BUILTIN, OPTIONAL
+from kvpool.cli.bench import BUILTIN, OPTIONAL
 
 # Small enough that each benchmark takes a second or two here.
 TINY = ["--quick", "--repeat", "2", "--scale", "0.01", "--size", "8M"]

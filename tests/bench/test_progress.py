@@ -1,4 +1,4 @@
-"""kvpool.progress: silent off a terminal, drawn on one, KVPOOL_PROGRESS overrides."""
+"""kvpool.cli.progress: silent off a terminal, drawn on one, KVPOOL_PROGRESS overrides."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import io
 
 import pytest
 
-from kvpool.progress import ENV_VAR, Progress, progress, progress_enabled
+from kvpool.cli.progress import ENV_VAR, Progress, progress, progress_enabled
 
 
 class FakeTTY(io.StringIO):

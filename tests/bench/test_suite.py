@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-import kvpool.benchmarks as benchmarks
-from kvpool.benchmarks import (
+import kvpool.cli.bench as benchmarks
+from kvpool.cli import main
+from kvpool.cli.bench import (
     Benchmark,
     Case,
     Metric,
@@ -22,11 +23,10 @@ from kvpool.benchmarks import (
     resolve,
     run_benchmark,
 )
-from kvpool.benchmarks.core import format_bytes
-from kvpool.benchmarks.naive import FirstFitAllocator
-from kvpool.benchmarks.pool_ready import parse_size
-from kvpool.benchmarks.report import format_table, format_value, machine_info, to_json
-from kvpool.cli import main
+from kvpool.cli.bench.core import format_bytes
+from kvpool.cli.bench.naive import FirstFitAllocator
+from kvpool.cli.bench.pool_ready import parse_size
+from kvpool.cli.bench.report import format_table, format_value, machine_info, to_json
 
 
 def fake_benchmark(name: str, fail: bool = False) -> Benchmark:
@@ -151,7 +151,7 @@ def test_optional_benchmark_found_as_a_module(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     (tmp_path / "fake_remote_bench.py").write_text(
-        "from kvpool.benchmarks import Benchmark, Case, Metric\n"
+        "from kvpool.cli.bench import Benchmark, Case, Metric\n"
         "def kvpool_benchmark():\n"
         "    return Benchmark('remote_put_get', 'fake remote', lambda s: Case(\n"
         "        [Metric('t', 't', 's')], {'a': lambda: {'t': 1.0}, 'b': lambda: {'t': 2.0}},\n"
@@ -168,32 +168,25 @@ def test_optional_benchmark_found_as_a_module(
     assert run_benchmark(bench, Settings(repeat=1)).metrics[0].ratio() == pytest.approx(2.0)
 
 
-def test_optional_benchmark_found_as_a_checkout_script(
+def test_optional_benchmark_module_without_hook_or_imports(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    (tmp_path / "bench").mkdir()
-    script = tmp_path / "bench" / "put_get.py"
-    script.write_text("print('no hook here')\n")
-    monkeypatch.setattr(benchmarks, "_checkout_root", lambda: tmp_path)
-    source = OptionalSource(
-        "remote", modules=("no_such_module_xyz",), scripts=("bench/put_get.py",)
-    )
+    module = tmp_path / "hookless_bench_xyz.py"
+    module.write_text("print('no hook here')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    source = OptionalSource("remote", modules=("hookless_bench_xyz",))
     monkeypatch.setitem(benchmarks.OPTIONAL, "remote_put_get", source)
     with pytest.raises(SkipBenchmark, match="defines no kvpool_benchmark"):
         resolve("remote_put_get")
-    script.write_text("import no_such_dependency_xyz\n")
+    broken = tmp_path / "broken_bench_xyz.py"
+    broken.write_text("import no_such_dependency_xyz\n")
+    source = OptionalSource("remote", modules=("broken_bench_xyz",))
+    monkeypatch.setitem(benchmarks.OPTIONAL, "remote_put_get", source)
     with pytest.raises(SkipBenchmark, match="cannot be imported"):
         resolve("remote_put_get")
-    script.write_text(
-        "from kvpool.benchmarks import Benchmark\n"
-        "def kvpool_benchmark():\n"
-        "    return Benchmark('remote_put_get', 'from the script', None)\n"
-    )
-    assert resolve("remote_put_get").title == "from the script"
 
 
-def test_optional_benchmark_absent(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(benchmarks, "_checkout_root", lambda: None)
+def test_optional_benchmark_absent() -> None:
     with pytest.raises(SkipBenchmark, match="not available yet"):
         resolve("remote_put_get")
 
@@ -279,7 +272,7 @@ def test_format_value(value: float | None, text: str) -> None:
 
 def test_plot_draws_the_ratios(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib", reason="--plot needs matplotlib (pip install kvpool[plot])")
-    from kvpool.benchmarks.report import plot_ratios
+    from kvpool.cli.bench.report import plot_ratios
 
     png = tmp_path / "p.png"
     results = [run_benchmark(fake_benchmark("f"), Settings(repeat=1))]

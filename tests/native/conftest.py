@@ -1,4 +1,4 @@
-"""Fixtures for the native-layer tests (libpinmem, kvpool.host, kvpool.system).
+"""Fixtures for the native-layer tests (libpinmem, kvpool.native.buffer, kvpool.native.machine).
 
 * Every test here starts with CUDA switched off (``cuda_reload("")``) so
   results do not depend on the machine; GPU tests switch it back on, and
@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from hugepage_pool import reserve_hugepages
 
-from kvpool import _native
+from kvpool import native
 
 ROOT = Path(__file__).resolve().parents[2]
 HUGEPAGES_WANTED = 16
@@ -33,21 +33,21 @@ HUGEPAGES_WANTED = 16
 @pytest.fixture(autouse=True)
 def _no_cuda_by_default(request: pytest.FixtureRequest) -> Iterator[None]:
     if request.node.get_closest_marker("gpu") is None:
-        _native.cuda_reload("")
+        native.cuda_reload("")
     yield
     # Back to discovery, so tests elsewhere see the machine as it is (the
     # reload is refused, and skipped, while CUDA mappings are still live).
     with contextlib.suppress(Exception):
-        _native.cuda_reload(None)
+        native.cuda_reload(None)
 
 
 @pytest.fixture
 def options() -> Iterator[None]:
     """Restore every libpinmem option after the test."""
-    saved = {name: _native.option_get(name) for name in _native.OPTIONS}
+    saved = {name: native.option_get(name) for name in native.OPTIONS}
     yield
     for name, value in saved.items():
-        _native.option_set(name, value)
+        native.option_set(name, value)
 
 
 @pytest.fixture(scope="session")
@@ -76,10 +76,10 @@ def fake_cudart(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def child_env() -> dict[str, str]:
     """Environment for a child Python that must import this same kvpool."""
-    import kvpool.host
+    import kvpool.native.buffer
 
     env = dict(os.environ)
-    package_parent = str(Path(kvpool.host.__file__).resolve().parents[1])
+    package_parent = str(Path(kvpool.native.buffer.__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
     env["KVPOOL_CUDART"] = ""
     return env

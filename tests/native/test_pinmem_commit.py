@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from kvpool import _native, errors
-from kvpool.host import HostBuffer, allocate_host, attach_shm, live_mappings
+from kvpool import errors, native
+from kvpool.native.buffer import HostBuffer, allocate_host, attach_shm, live_mappings
 
 MIB = 1 << 20
 
@@ -30,7 +30,7 @@ def reserve(size: int, **kwargs: object) -> HostBuffer:
 def resident(buf: HostBuffer, offset: int = 0, length: int | None = None) -> int:
     """Bytes of the buffer (or of a range of it) resident in RAM."""
     size = buf.mapped_size - offset if length is None else length
-    return _native.resident_bytes(buf.address + offset, size)
+    return native.resident_bytes(buf.address + offset, size)
 
 
 # ---------------------------------------------------------------- steps
@@ -58,7 +58,7 @@ def test_reservation_committed_in_steps(smaps) -> None:
             assert buf.pinned == (how if done == size else "none")
             assert buf.address == address
             assert buf.populate_method in ("madvise", "first-touch")
-        region = _native.query(buf.address)
+        region = native.query(buf.address)
         assert region.committed_bytes == size
         assert region.pinned == how
 
@@ -74,7 +74,7 @@ def test_commit_keeps_what_was_written_before() -> None:
 
 def test_shared_memory_commit_keeps_the_other_side_s_data(options) -> None:
     # Without MADV_POPULATE_WRITE the commit touches each page itself.
-    _native.option_set("use_populate_write", 0)
+    native.option_set("use_populate_write", 0)
     name = "/kvpool-test-commit-shm"
     with reserve(4 * MIB, shm_name=name, shm_reuse=True) as owner:
         with attach_shm(name, pin="none") as other:
@@ -94,7 +94,7 @@ def test_mlock_step_reports_mlock_or_raises(smaps, options) -> None:
             pytest.skip(f"mlock is not allowed here: {exc}")
         assert how == "mlock"
         assert smaps.fields(buf.address, buf.mapped_size)["Locked"] == 4 * MIB
-        _native.option_set("fake_mlock_eperm", 1)
+        native.option_set("fake_mlock_eperm", 1)
         with pytest.raises(errors.FeatureUnavailableError, match="memlock limit"):
             buf.commit(4 * MIB, 4 * MIB, pin="mlock")
         assert buf.committed_bytes == 4 * MIB
@@ -155,11 +155,11 @@ def test_unknown_address_is_an_invalid_handle() -> None:
     buf = reserve(4 * MIB)
     address = buf.address
     with pytest.raises(errors.InvalidHandleError, match="inside the mapping"):
-        _native.commit(address + 4096, 0, 4096)
+        native.commit(address + 4096, 0, 4096)
     buf.close()
     assert buf.unmapped
     with pytest.raises(errors.InvalidHandleError, match="not a live mapping"):
-        _native.commit(address, 0, 4096)
+        native.commit(address, 0, 4096)
 
 
 def test_commit_after_close_raises() -> None:
@@ -202,14 +202,14 @@ class FakeCuda:
 def fake(fake_cudart: Path, options, monkeypatch) -> FakeCuda:
     for name in ("FAIL_REGISTER_N", "MAX_REGISTER_BYTES", "DEVICES", "REGISTER_DELAY_MS"):
         monkeypatch.delenv(f"KVPOOL_FAKE_CUDA_{name}", raising=False)
-    _native.cuda_reload(str(fake_cudart))
+    native.cuda_reload(str(fake_cudart))
     books = FakeCuda(fake_cudart)
     books.reset()
     return books
 
 
 def test_fake_cuda_register_steps_rollback_and_unregister(fake, monkeypatch) -> None:
-    _native.option_set("register_chunk", 4 * MIB)
+    native.option_set("register_chunk", 4 * MIB)
     buf = reserve(32 * MIB)
     assert buf.commit(0, 12 * MIB, pin="cuda-register") == "cuda-register"
     assert buf.commit(12 * MIB, 8 * MIB) == "cuda-register"  # auto prefers CUDA
@@ -219,7 +219,7 @@ def test_fake_cuda_register_steps_rollback_and_unregister(fake, monkeypatch) -> 
     assert buf.register_chunks == 5
     assert (buf.committed_bytes, buf.pinned_bytes, buf.pinned) == (20 * MIB, 20 * MIB, "none")
     with pytest.raises(errors.NativeError, match="CUDA-pinned"):
-        _native.cuda_reload("")
+        native.cuda_reload("")
 
     # The 2nd chunk of the next commit fails: its 1st is rolled back, the
     # earlier commits stay registered, and the range can be retried.
@@ -243,7 +243,7 @@ def test_fake_cuda_register_steps_rollback_and_unregister(fake, monkeypatch) -> 
 
 
 def test_close_during_a_commit_frees_after_it(fake, monkeypatch) -> None:
-    _native.option_set("register_chunk", 16 * MIB)
+    native.option_set("register_chunk", 16 * MIB)
     monkeypatch.setenv("KVPOOL_FAKE_CUDA_REGISTER_DELAY_MS", "300")
     buf = reserve(16 * MIB)
     before = live_mappings()[0]

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from kvpool import _native, errors
-from kvpool.host import allocate_host, attach_shm, live_mappings
-from kvpool.system import capabilities
+from kvpool import errors, native
+from kvpool.native.buffer import allocate_host, attach_shm, live_mappings
+from kvpool.native.machine import capabilities
 
 MIB = 1 << 20
 
@@ -57,7 +57,7 @@ def fake(fake_cudart: Path, options, monkeypatch) -> FakeCuda:
     monkeypatch.delenv("KVPOOL_FAKE_CUDA_FAIL_REGISTER_N", raising=False)
     monkeypatch.delenv("KVPOOL_FAKE_CUDA_MAX_REGISTER_BYTES", raising=False)
     monkeypatch.delenv("KVPOOL_FAKE_CUDA_DEVICES", raising=False)
-    _native.cuda_reload(str(fake_cudart))
+    native.cuda_reload(str(fake_cudart))
     books = FakeCuda(fake_cudart)
     books.reset()
     return books
@@ -67,7 +67,7 @@ def fake(fake_cudart: Path, options, monkeypatch) -> FakeCuda:
 
 
 def test_absent_runtime_reported_and_auto_falls_back() -> None:
-    _native.cuda_reload("/nowhere/libcudart.so.12")
+    native.cuda_reload("/nowhere/libcudart.so.12")
     caps = capabilities()
     assert caps.cuda_available is False
     assert "/nowhere/libcudart.so.12" in (caps.cuda_error or "")
@@ -77,7 +77,7 @@ def test_absent_runtime_reported_and_auto_falls_back() -> None:
 
 
 def test_absent_runtime_refuses_explicit_cuda_pinning() -> None:
-    _native.cuda_reload("/nowhere/libcudart.so.12")
+    native.cuda_reload("/nowhere/libcudart.so.12")
     for pin in ("cuda-alloc", "cuda-register"):
         with pytest.raises(errors.FeatureUnavailableError, match="needs CUDA") as info:
             allocate_host(MIB, pin=pin)
@@ -87,8 +87,8 @@ def test_absent_runtime_refuses_explicit_cuda_pinning() -> None:
 def test_absent_via_environment_in_a_fresh_process(python, child_env) -> None:
     env = dict(child_env, KVPOOL_CUDART="/nowhere/libcudart.so.12")
     code = (
-        "from kvpool.system import capabilities\n"
-        "from kvpool.host import allocate_host\n"
+        "from kvpool.native.machine import capabilities\n"
+        "from kvpool.native.buffer import allocate_host\n"
         "c = capabilities()\n"
         "b = allocate_host(1 << 20)\n"
         "print(c.cuda_available, b.pinned, c.cuda_error)\n"
@@ -103,7 +103,7 @@ def test_absent_via_environment_in_a_fresh_process(python, child_env) -> None:
 
 def test_runtime_without_devices_is_not_used(fake_cudart, monkeypatch) -> None:
     monkeypatch.setenv("KVPOOL_FAKE_CUDA_DEVICES", "0")
-    _native.cuda_reload(str(fake_cudart))
+    native.cuda_reload(str(fake_cudart))
     caps = capabilities()
     assert caps.cuda_runtime_path is not None and caps.cuda_available is False
     assert caps.cuda_device_count == 0
@@ -123,7 +123,7 @@ def test_fake_runtime_is_reported(fake) -> None:
 
 
 def test_register_in_chunks(fake) -> None:
-    _native.option_set("register_chunk", 4 * MIB)
+    native.option_set("register_chunk", 4 * MIB)
     with allocate_host(10 * MIB, pin="cuda-register") as buf:
         assert buf.pinned == "cuda-register"
         assert buf.kind == "anonymous"
@@ -133,14 +133,14 @@ def test_register_in_chunks(fake) -> None:
         assert books["largest"] == 4 * MIB
         assert fake.registered(buf.address, 4 * MIB)
         assert fake.registered(buf.address + 8 * MIB, 2 * MIB)
-        assert _native.resident_bytes(buf.address, buf.mapped_size) == buf.mapped_size
+        assert native.resident_bytes(buf.address, buf.mapped_size) == buf.mapped_size
     books = fake.stats()
     assert books["live_registrations"] == 0
     assert books["unregisters"] == 3
 
 
 def test_failed_chunk_rolls_back_the_others(fake, monkeypatch) -> None:
-    _native.option_set("register_chunk", 4 * MIB)
+    native.option_set("register_chunk", 4 * MIB)
     monkeypatch.setenv("KVPOOL_FAKE_CUDA_FAIL_REGISTER_N", "3")
     before = live_mappings()
     with pytest.raises(errors.OutOfMemoryError, match="chunk 3 of 4") as info:
@@ -166,7 +166,7 @@ def test_chunk_limit_keeps_each_registration_under_the_driver_limit(fake, monkey
     monkeypatch.setenv("KVPOOL_FAKE_CUDA_MAX_REGISTER_BYTES", str(6 * MIB))
     with pytest.raises(errors.OutOfMemoryError):
         allocate_host(8 * MIB, pin="cuda-register")
-    _native.option_set("register_chunk", 4 * MIB)
+    native.option_set("register_chunk", 4 * MIB)
     with allocate_host(8 * MIB, pin="cuda-register") as buf:
         assert buf.register_chunks == 2
 
@@ -180,8 +180,8 @@ def test_auto_uses_cuda_host_alloc_below_threshold(fake) -> None:
 
 
 def test_threshold_turns_cuda_alloc_into_register(fake) -> None:
-    _native.option_set("register_threshold", 2 * MIB)
-    _native.option_set("register_chunk", 2 * MIB)
+    native.option_set("register_threshold", 2 * MIB)
+    native.option_set("register_chunk", 2 * MIB)
     with allocate_host(3 * MIB, pin="cuda-alloc") as buf:
         assert buf.pinned == "cuda-register"
         assert buf.kind == "anonymous"
@@ -222,8 +222,8 @@ def test_reload_refused_while_cuda_memory_is_live(fake) -> None:
         allocate_host(MIB, pin="cuda-register"),
         pytest.raises(errors.NativeError, match="CUDA-pinned"),
     ):
-        _native.cuda_reload("")
-    _native.cuda_reload("")
+        native.cuda_reload("")
+    native.cuda_reload("")
 
 
 def test_views_keep_registered_memory_until_released(fake) -> None:

@@ -7,9 +7,9 @@ import os
 import pytest
 import torch
 
-from kvpool import _native
-from kvpool.host import allocate_host, attach_shm
-from kvpool.system import capabilities
+from kvpool import native
+from kvpool.native.buffer import allocate_host, attach_shm
+from kvpool.native.machine import capabilities
 
 MIB = 1 << 20
 
@@ -21,7 +21,7 @@ def real_cuda(options):
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device (torch.cuda.is_available() is False)")
     torch.cuda.init()  # load torch's libcudart so libpinmem finds it with RTLD_NOLOAD
-    _native.cuda_reload(None)
+    native.cuda_reload(None)
     caps = capabilities()
     if not caps.cuda_available:
         pytest.skip(f"libpinmem sees no usable CUDA runtime: {caps.cuda_error}")
@@ -48,7 +48,7 @@ def test_auto_uses_cuda_host_alloc() -> None:
 
 
 def test_register_in_chunks_on_a_real_driver() -> None:
-    _native.option_set("register_chunk", 64 * MIB)
+    native.option_set("register_chunk", 64 * MIB)
     with allocate_host(200 * MIB, pin="cuda-register") as buf:
         assert buf.pinned == "cuda-register"
         assert buf.register_chunks == 4

@@ -11,8 +11,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvpool import _native, errors
-from kvpool.host import HostBuffer, allocate_host, live_mappings
+from kvpool import errors, native
+from kvpool.native.buffer import HostBuffer, allocate_host, live_mappings
 
 PAGE = mmap.PAGESIZE
 MIB = 1 << 20
@@ -105,7 +105,7 @@ def test_hugetlb_kind(hugepages: int, smaps) -> None:
 
 
 def test_cuda_host_kind_with_fake_runtime(fake_cudart) -> None:
-    _native.cuda_reload(str(fake_cudart))
+    native.cuda_reload(str(fake_cudart))
     with allocate_host(5 * MIB) as buf:
         assert buf.kind == "cuda-host"
         assert buf.pinned == "cuda-alloc"
@@ -117,9 +117,9 @@ def test_cuda_host_kind_with_fake_runtime(fake_cudart) -> None:
 def test_unpopulated_is_not_resident(smaps) -> None:
     with allocate_host(16 * MIB, pin="none", populate=False) as buf:
         assert buf.populate_method == "none"
-        assert _native.resident_bytes(buf.address, buf.mapped_size) == 0
+        assert native.resident_bytes(buf.address, buf.mapped_size) == 0
         buf.memoryview()[0] = 1
-        assert _native.resident_bytes(buf.address, buf.mapped_size) > 0
+        assert native.resident_bytes(buf.address, buf.mapped_size) > 0
 
 
 def test_tensor_is_zero_copy_uint8() -> None:

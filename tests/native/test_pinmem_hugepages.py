@@ -7,16 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from kvpool import _native, errors
-from kvpool.host import allocate_host
-from kvpool.system import read_hugepage_info
+from kvpool import errors, native
+from kvpool.native.buffer import allocate_host
+from kvpool.native.machine import read_hugepage_info
 
 MIB = 1 << 20
 
 
 def pool_or_skip() -> tuple[int, int]:
     try:
-        return _native.hugepages_2m()
+        return native.hugepages_2m()
     except errors.NativeError as exc:
         pytest.skip(f"no 2 MiB hugepage pool: {exc}")
 
@@ -41,18 +41,18 @@ def test_required_gets_hugetlb_pages_rounded_up(hugepages: int, smaps) -> None:
 
 @pytest.mark.hugepages
 def test_populated_hugetlb_pages_leave_the_free_pool(hugepages: int) -> None:
-    _, before = _native.hugepages_2m()
+    _, before = native.hugepages_2m()
     with allocate_host(8 * MIB, pin="none", hugepages="auto") as buf:
         assert buf.kind == "hugetlb"
-        _, during = _native.hugepages_2m()
+        _, during = native.hugepages_2m()
         assert before - during == 4
-    _, after = _native.hugepages_2m()
+    _, after = native.hugepages_2m()
     assert after == before
 
 
 @pytest.mark.hugepages
 def test_hugetlb_with_mlock_and_numa(hugepages: int) -> None:
-    node = _native.numa_nodes()[0]
+    node = native.numa_nodes()[0]
     try:
         buf = allocate_host(4 * MIB, pin="mlock", hugepages="required", numa_node=node)
     except errors.FeatureUnavailableError as exc:
@@ -79,8 +79,8 @@ def test_pool_too_small_says_how_many_and_how_to_grow() -> None:
 
 def test_pool_too_small_on_a_node_names_the_node_path() -> None:
     pool_or_skip()
-    node = _native.numa_nodes()[0]
-    _, available = _native.hugepages_2m(node)
+    node = native.numa_nodes()[0]
+    _, available = native.hugepages_2m(node)
     with pytest.raises(errors.HugePagesExhaustedError) as info:
         allocate_host(
             (available + 1) * 2 * MIB,
@@ -100,7 +100,7 @@ def test_auto_never_fails_for_lack_of_pages(options) -> None:
     with allocate_host(size, pin="none", hugepages="auto", populate=False) as buf:
         assert buf.kind == "anonymous"
         assert buf.hugepages == "none"
-    _native.option_set("auto_fallback_thp", 1)
+    native.option_set("auto_fallback_thp", 1)
     thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
     thp_on = thp.exists() and "[never]" not in thp.read_text()
     with allocate_host(size, pin="none", hugepages="auto", populate=False) as buf:

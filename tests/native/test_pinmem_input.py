@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvpool import _native, errors
-from kvpool.host import allocate_host, attach_shm
+from kvpool import errors, native
+from kvpool.native.buffer import allocate_host, attach_shm
 
 
 @pytest.mark.parametrize("size", [0, -1, -(1 << 40)])
@@ -28,7 +28,7 @@ def test_absurd_size_is_out_of_memory() -> None:
 
 
 def test_size_beyond_ram_when_populating() -> None:
-    ram = _native.probe()["mem_total"]
+    ram = native.probe()["mem_total"]
     with pytest.raises(errors.OutOfMemoryError, match="RAM"):
         allocate_host(ram + (1 << 30), pin="none")
 
@@ -64,15 +64,15 @@ def test_attach_bad_pin_and_size() -> None:
 
 def test_unknown_options() -> None:
     with pytest.raises(errors.InvalidArgumentError, match="option must be one of"):
-        _native.option_get("nope")
+        native.option_get("nope")
     with pytest.raises(errors.InvalidArgumentError, match=r"outside 0\.\.1"):
-        _native.option_set("use_populate_write", 5)
+        native.option_set("use_populate_write", 5)
 
 
 def test_address_arguments_are_checked() -> None:
     with pytest.raises(errors.InvalidArgumentError, match="address"):
-        _native.free(-1)
+        native.free(-1)
     with pytest.raises(errors.InvalidArgumentError, match="address must be an int"):
-        _native.free("0x1000")  # type: ignore[arg-type]
+        native.free("0x1000")  # type: ignore[arg-type]
     with pytest.raises(errors.InvalidHandleError):
-        _native.shm_release_name(4096)
+        native.shm_release_name(4096)

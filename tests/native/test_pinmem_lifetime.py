@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
-from kvpool import _native, errors
-from kvpool.host import allocate_host, live_mappings
+from kvpool import errors, native
+from kvpool.native.buffer import allocate_host, live_mappings
 
 MIB = 1 << 20
 
@@ -99,16 +99,16 @@ def test_del_is_a_backstop(smaps) -> None:
 
 
 def test_double_free_and_unknown_pointer_are_typed_errors() -> None:
-    region = _native.alloc(MIB, pin="none")
+    region = native.alloc(MIB, pin="none")
     with pytest.raises(errors.InvalidHandleError, match="inside the mapping"):
-        _native.free(region.address + 4096)
-    _native.free(region.address)
+        native.free(region.address + 4096)
+    native.free(region.address)
     with pytest.raises(errors.InvalidHandleError, match="not a live mapping"):
-        _native.free(region.address)
+        native.free(region.address)
     with pytest.raises(errors.InvalidHandleError):
-        _native.free(0)
+        native.free(0)
     with pytest.raises(errors.InvalidHandleError):
-        _native.query(region.address)
+        native.query(region.address)
 
 
 def test_concurrent_close_frees_once() -> None:
@@ -136,7 +136,7 @@ def test_concurrent_close_frees_once() -> None:
 
 
 def test_concurrent_native_frees_succeed_exactly_once() -> None:
-    region = _native.alloc(MIB, pin="none")
+    region = native.alloc(MIB, pin="none")
     barrier = threading.Barrier(4)
     results: list[str] = []
     lock = threading.Lock()
@@ -144,7 +144,7 @@ def test_concurrent_native_frees_succeed_exactly_once() -> None:
     def free() -> None:
         barrier.wait()
         try:
-            _native.free(region.address)
+            native.free(region.address)
             outcome = "ok"
         except errors.InvalidHandleError:
             outcome = "unknown"

@@ -4,20 +4,20 @@ from __future__ import annotations
 
 import subprocess
 
-from kvpool import _native, errors
+from kvpool import errors, native
 
 
 def test_library_loaded_by_absolute_path() -> None:
-    path = _native.library_path()
+    path = native.library_path()
     assert path.startswith("/")
     assert path.endswith("libpinmem.so")
-    assert _native.lib.pinmem_version() == _native.lib.PINMEM_VERSION
+    assert native.lib.pinmem_version() == native.lib.PINMEM_VERSION
 
 
 def test_import_error_lists_every_path_tried(python: str, child_env: dict[str, str]) -> None:
     env = dict(child_env, KVPOOL_LIBPINMEM="/nonexistent/dir/libpinmem.so")
     proc = subprocess.run(
-        [python, "-c", "import kvpool._native"], env=env, capture_output=True, text=True
+        [python, "-c", "import kvpool.native.calls"], env=env, capture_output=True, text=True
     )
     assert proc.returncode != 0
     assert "ImportError" in proc.stderr
@@ -32,26 +32,26 @@ def test_import_error_for_a_file_that_is_not_a_library(
     bogus.write_text("not an ELF file")
     env = dict(child_env, KVPOOL_LIBPINMEM=str(bogus))
     proc = subprocess.run(
-        [python, "-c", "import kvpool._native"], env=env, capture_output=True, text=True
+        [python, "-c", "import kvpool.native.calls"], env=env, capture_output=True, text=True
     )
     assert proc.returncode != 0
     assert str(bogus) in proc.stderr
 
 
 def test_every_status_has_one_exception_and_a_name() -> None:
-    lib = _native.lib
+    lib = native.lib
     codes = range(1, lib.PINMEM_STATUS_COUNT)
-    assert set(_native.STATUS_EXCEPTIONS) == set(codes)
+    assert set(native.STATUS_EXCEPTIONS) == set(codes)
     for code in codes:
-        assert issubclass(_native.STATUS_EXCEPTIONS[code], errors.KVPoolError)
-        text = _native.ffi.string(lib.pinmem_strerror(code)).decode()
+        assert issubclass(native.STATUS_EXCEPTIONS[code], errors.KVPoolError)
+        text = native.ffi.string(lib.pinmem_strerror(code)).decode()
         assert text and text != "unknown libpinmem status"
-    assert _native.ffi.string(lib.pinmem_strerror(999)) == b"unknown libpinmem status"
+    assert native.ffi.string(lib.pinmem_strerror(999)) == b"unknown libpinmem status"
 
 
 def test_exceptions_are_also_builtins() -> None:
-    table = _native.STATUS_EXCEPTIONS
-    lib = _native.lib
+    table = native.STATUS_EXCEPTIONS
+    lib = native.lib
     assert issubclass(table[lib.PINMEM_EINVAL], ValueError)
     assert issubclass(table[lib.PINMEM_ENOMEM], MemoryError)
     assert issubclass(table[lib.PINMEM_EHUGEPAGES], MemoryError)
@@ -62,11 +62,11 @@ def test_exceptions_are_also_builtins() -> None:
 
 
 def test_check_passes_ok_and_carries_status_and_detail() -> None:
-    _native.check(_native.lib.PINMEM_OK, "nothing")
+    native.check(native.lib.PINMEM_OK, "nothing")
     try:
-        _native.free(4096)
+        native.free(4096)
     except errors.InvalidHandleError as exc:
-        assert exc.status == _native.lib.PINMEM_EUNKNOWN_PTR
+        assert exc.status == native.lib.PINMEM_EUNKNOWN_PTR
         assert "0x1000" in str(exc)
         assert "not a live mapping" in exc.detail
     else:  # pragma: no cover

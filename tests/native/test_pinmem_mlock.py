@@ -6,16 +6,16 @@ import subprocess
 
 import pytest
 
-from kvpool import _native, errors
-from kvpool.host import allocate_host
+from kvpool import errors, native
+from kvpool.native.buffer import allocate_host
 
 MIB = 1 << 20
 
 
 @pytest.mark.parametrize("mode", [0, 1, 2, 3])
 def test_every_mlock_mode_locks_everything(mode: int, smaps, options) -> None:
-    _native.option_set("mlock_mode", mode)
-    _native.option_set("min_thread_bytes", 4 * MIB)
+    native.option_set("mlock_mode", mode)
+    native.option_set("min_thread_bytes", 4 * MIB)
     try:
         buf = allocate_host(16 * MIB, pin="mlock", threads=2)
     except errors.FeatureUnavailableError as exc:
@@ -28,7 +28,7 @@ def test_every_mlock_mode_locks_everything(mode: int, smaps, options) -> None:
 
 
 def test_refused_mlock_auto_reports_none(smaps, options) -> None:
-    _native.option_set("fake_mlock_eperm", 1)
+    native.option_set("fake_mlock_eperm", 1)
     with allocate_host(8 * MIB) as buf:
         assert buf.pinned == "none"
         fields = smaps.fields(buf.address, buf.mapped_size)
@@ -37,7 +37,7 @@ def test_refused_mlock_auto_reports_none(smaps, options) -> None:
 
 
 def test_refused_mlock_explicit_raises_with_the_limit(options) -> None:
-    _native.option_set("fake_mlock_eperm", 1)
+    native.option_set("fake_mlock_eperm", 1)
     with pytest.raises(errors.FeatureUnavailableError) as info:
         allocate_host(8 * MIB, pin="mlock")
     message = str(info.value)
@@ -49,7 +49,7 @@ def test_refused_mlock_explicit_raises_with_the_limit(options) -> None:
 CHILD = """
 import os, resource
 from kvpool import errors
-from kvpool.host import allocate_host
+from kvpool.native.buffer import allocate_host
 resource.setrlimit(resource.RLIMIT_MEMLOCK, (64 * 1024, 64 * 1024))
 if os.geteuid() == 0:
     try:

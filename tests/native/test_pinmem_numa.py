@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from kvpool import _native, errors
-from kvpool.host import allocate_host
-from kvpool.system import current_numa_node, numa_nodes
+from kvpool import errors, native
+from kvpool.native.buffer import allocate_host
+from kvpool.native.machine import current_numa_node, numa_nodes
 
 MIB = 1 << 20
 
@@ -56,7 +56,7 @@ def test_negative_node_is_invalid() -> None:
 
 
 def test_mbind_refused_falls_back_unbound(options, smaps) -> None:
-    _native.option_set("fake_mbind_eperm", 1)
+    native.option_set("fake_mbind_eperm", 1)
     with allocate_host(8 * MIB, pin="none", numa_node=0) as buf:
         assert buf.numa_bound is False
         assert buf.numa_node == 0
@@ -69,7 +69,7 @@ def test_mbind_refused_via_environment(python, child_env) -> None:
 
     env = dict(child_env, KVPOOL_FAKE_MBIND_EPERM="1")
     code = (
-        "from kvpool.host import allocate_host\n"
+        "from kvpool.native.buffer import allocate_host\n"
         "b = allocate_host(1 << 20, pin='none', numa_node=0)\n"
         "print(b.numa_bound)\n"
     )

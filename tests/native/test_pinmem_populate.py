@@ -6,33 +6,33 @@ import subprocess
 
 import pytest
 
-from kvpool import _native, errors
-from kvpool.host import allocate_host, attach_shm
-from kvpool.system import capabilities
+from kvpool import errors, native
+from kvpool.native.buffer import allocate_host, attach_shm
+from kvpool.native.machine import capabilities
 
 MIB = 1 << 20
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_populate_makes_everything_resident(threads: int, smaps, options) -> None:
-    _native.option_set("min_thread_bytes", 4 * MIB)
+    native.option_set("min_thread_bytes", 4 * MIB)
     with allocate_host(40 * MIB + 4096, pin="none", threads=threads) as buf:
         assert buf.threads_used == threads
-        assert _native.resident_bytes(buf.address, buf.mapped_size) == buf.mapped_size
+        assert native.resident_bytes(buf.address, buf.mapped_size) == buf.mapped_size
         assert smaps.fields(buf.address, buf.mapped_size)["Rss"] == buf.mapped_size
         expected = "madvise" if capabilities().populate_write else "first-touch"
         assert buf.populate_method == expected
 
 
 def test_small_mappings_use_one_thread(options) -> None:
-    _native.option_set("min_thread_bytes", 64 * MIB)
+    native.option_set("min_thread_bytes", 64 * MIB)
     with allocate_host(8 * MIB, pin="none", threads=8) as buf:
         assert buf.threads_used == 1
 
 
 def test_without_populate_write_first_touch_still_fills_everything(smaps, options) -> None:
-    _native.option_set("use_populate_write", 0)
-    _native.option_set("min_thread_bytes", 4 * MIB)
+    native.option_set("use_populate_write", 0)
+    native.option_set("min_thread_bytes", 4 * MIB)
     with allocate_host(24 * MIB + 1, pin="none", threads=2) as buf:
         assert buf.populate_method == "first-touch"
         assert buf.threads_used == 2
@@ -42,22 +42,22 @@ def test_without_populate_write_first_touch_still_fills_everything(smaps, option
 
 def test_first_touch_attach_keeps_the_contents(options) -> None:
     name = "/kvpool-test-populate-keep"
-    _native.option_set("use_populate_write", 0)
+    native.option_set("use_populate_write", 0)
     with allocate_host(4 * MIB, pin="none", shm_name=name, shm_reuse=True) as owner:
         owner.memoryview()[4096 * 3] = 99
         with attach_shm(name, pin="none", populate=True) as other:
             assert other.populate_method == "first-touch"
             assert other.memoryview()[4096 * 3] == 99
-            assert _native.resident_bytes(other.address, other.mapped_size) == other.mapped_size
+            assert native.resident_bytes(other.address, other.mapped_size) == other.mapped_size
 
 
 def test_populate_write_absent_via_environment(python, child_env) -> None:
     env = dict(child_env, KVPOOL_USE_POPULATE_WRITE="0")
     code = (
-        "from kvpool.host import allocate_host\n"
-        "from kvpool import _native\n"
+        "from kvpool.native.buffer import allocate_host\n"
+        "from kvpool import native\n"
         "b = allocate_host(8 << 20, pin='none')\n"
-        "full = _native.resident_bytes(b.address, b.mapped_size) == b.mapped_size\n"
+        "full = native.resident_bytes(b.address, b.mapped_size) == b.mapped_size\n"
         "print(b.populate_method, full)\n"
     )
     out = subprocess.run([python, "-c", code], env=env, capture_output=True, text=True)
@@ -66,21 +66,21 @@ def test_populate_write_absent_via_environment(python, child_env) -> None:
 
 
 def test_native_populate_helper() -> None:
-    region = _native.alloc(8 * MIB, pin="none", populate=False)
+    region = native.alloc(8 * MIB, pin="none", populate=False)
     try:
-        assert _native.resident_bytes(region.address, region.mapped_size) == 0
-        method, used = _native.populate(region.address, region.mapped_size, threads=2)
+        assert native.resident_bytes(region.address, region.mapped_size) == 0
+        method, used = native.populate(region.address, region.mapped_size, threads=2)
         assert method in ("madvise", "first-touch")
         assert used >= 1
-        assert _native.resident_bytes(region.address, region.mapped_size) == region.mapped_size
+        assert native.resident_bytes(region.address, region.mapped_size) == region.mapped_size
         with pytest.raises(errors.InvalidArgumentError, match="aligned"):
-            _native.populate(region.address + 1, 4096)
+            native.populate(region.address + 1, 4096)
     finally:
-        _native.free(region.address)
+        native.free(region.address)
 
 
 def test_threads_option_default(options) -> None:
     caps = capabilities()
     assert caps.default_populate_threads == min(caps.cpu_affinity, 16)
-    _native.option_set("populate_threads", 1)
+    native.option_set("populate_threads", 1)
     assert capabilities().default_populate_threads == 1

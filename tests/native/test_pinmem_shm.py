@@ -12,7 +12,7 @@ import uuid
 import pytest
 
 from kvpool import errors
-from kvpool.host import allocate_host, attach_shm, unlink_shm
+from kvpool.native.buffer import allocate_host, attach_shm, unlink_shm
 
 MIB = 1 << 20
 
@@ -39,7 +39,7 @@ def test_another_process_attaches_reads_and_answers(name, python, child_env) -> 
             python,
             child_env,
             f"""
-            from kvpool.host import attach_shm
+            from kvpool.native.buffer import attach_shm
             buf = attach_shm({name!r})
             assert buf.shm_owner is False and buf.kind == "shm", buf
             assert buf.size == {4 * MIB}, buf.size
@@ -125,7 +125,7 @@ def test_dead_creator_leaves_something_a_later_create_cleans_up(name, python, ch
         child_env,
         f"""
         import os, signal
-        from kvpool.host import allocate_host
+        from kvpool.native.buffer import allocate_host
         buf = allocate_host({MIB}, shm_name={name!r}, pin="none")
         buf.memoryview()[0] = 42
         os.kill(os.getpid(), signal.SIGKILL)
@@ -147,7 +147,7 @@ def test_creator_exiting_without_close_unlinks_at_exit(name, python, child_env) 
         python,
         child_env,
         f"""
-        from kvpool.host import allocate_host
+        from kvpool.native.buffer import allocate_host
         buf = allocate_host({MIB}, shm_name={name!r}, pin="none")
         keep = buf  # never closed
         """,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from kvpool import cli
-from kvpool.system import Capabilities, capabilities, read_hugepage_info
+from kvpool.native.machine import Capabilities, capabilities, read_hugepage_info
 
 
 def test_capabilities_match_the_os() -> None:
@@ -85,7 +85,7 @@ def test_advice_names_the_fixes() -> None:
 
 
 def test_advice_for_a_short_pool_gives_the_command() -> None:
-    from kvpool.system import HugePagePool
+    from kvpool.native.machine import HugePagePool
 
     caps = fake_caps(hugepages=(HugePagePool(2048, 10, 3),))
     text = "\n".join(caps.advice())
@@ -93,7 +93,7 @@ def test_advice_for_a_short_pool_gives_the_command() -> None:
 
 
 def test_good_machine_gets_little_advice() -> None:
-    from kvpool.system import HugePagePool
+    from kvpool.native.machine import HugePagePool
 
     caps = fake_caps(
         cuda_available=True,

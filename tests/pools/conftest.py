@@ -1,4 +1,4 @@
-"""Fixtures for the pool tests (kvpool.pools, kvpool.allocators and friends).
+"""Fixtures for the pool tests (kvpool.pool.pools, kvpool.allocators and friends).
 
 * ``pin_monitor`` (autouse): every test starts and ends with the
   process-wide PinMonitor reset to its defaults (no pins, no thread, no

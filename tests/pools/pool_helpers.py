@@ -11,7 +11,7 @@ import torch
 
 import kvpool
 from kvpool import MemoryFormat
-from kvpool.host import live_mappings
+from kvpool.native.buffer import live_mappings
 
 MIB = 1 << 20
 GIB = 1 << 30

@@ -23,7 +23,7 @@ from pool_helpers import (
 )
 
 import kvpool
-from kvpool import system
+import kvpool.native.machine as system
 
 
 def expected_pinning() -> str:

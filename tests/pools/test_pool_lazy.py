@@ -1,6 +1,6 @@
 """LazyMemoryAllocator: usable at once, grows in the background, closes cleanly mid-growth.
 
-These tests need ``HostBuffer.commit`` (being added to kvpool.host); until
+These tests need ``HostBuffer.commit`` (being added to kvpool.native.buffer); until
 it lands every construction fails with AttributeError.
 """
 

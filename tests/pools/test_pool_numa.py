@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import kvpool
-from kvpool.numa import resolve_numa_node
+from kvpool.native.numa import resolve_numa_node
 
 
 def fakes(nodes: list[int], gpu: int | None, cpu_node: int) -> dict[str, object]:

@@ -1,0 +1,100 @@
+"""The ``kvpool`` command line.
+
+One parser with a subcommand per job: ``demo`` (a verified put/get round
+trip, :mod:`kvpool.cli.demo`), ``info`` (the capability report with advice)
+and ``bench`` (the benchmark suite, :mod:`kvpool.cli.bench`).
+More are added by registering them in :data:`SUBCOMMANDS`::
+
+    def add_demo(subparsers) -> None:
+        p = subparsers.add_parser("demo", help="...")
+        p.set_defaults(func=run_demo)
+
+    SUBCOMMANDS.append(add_demo)
+
+Each subcommand's function takes the parsed :class:`argparse.Namespace`
+and returns the process exit status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+__all__ = ["SUBCOMMANDS", "build_parser", "main", "run_info"]
+
+
+def run_info(args: argparse.Namespace) -> int:
+    """Print the capability report (or JSON with ``--json``); return 0.
+
+    Returns 1, with the reason on stderr, when libpinmem cannot be loaded.
+    """
+    try:
+        from kvpool.native.machine import capabilities
+
+        caps = capabilities()
+    except ImportError as exc:
+        print(f"kvpool info: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(caps.to_dict(), indent=2))
+    else:
+        print(caps.report())
+    return 0
+
+
+def _add_info(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "info",
+        help="what this machine offers: CUDA, hugepages, NUMA, memlock, with advice",
+        description="Probe the machine and print what kvpool can use, with advice.",
+    )
+    p.add_argument("--json", action="store_true", help="print the probe as JSON")
+    p.set_defaults(func=run_info)
+
+
+def _add_bench(subparsers: Any) -> None:
+    from kvpool.cli.bench.cli import add_parser
+
+    add_parser(subparsers)
+
+
+def _add_demo(subparsers: Any) -> None:
+    from kvpool.cli.demo import add_parser
+
+    add_parser(subparsers)
+
+
+#: Functions that each add one subcommand to the subparsers object.
+SUBCOMMANDS: list[Callable[[Any], None]] = [_add_demo, _add_info, _add_bench]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the argument parser with every registered subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="kvpool",
+        description="kvpool: host memory for LLM KV-cache offloading.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers.required = True
+    for add in SUBCOMMANDS:
+        add(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; return the exit status."""
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except BrokenPipeError:  # e.g. `kvpool info | head`: stop quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

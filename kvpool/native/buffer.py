@@ -1,0 +1,449 @@
+"""Host memory regions: one owning Python object per native mapping.
+
+:func:`allocate_host` maps memory (anonymous, hugetlb, POSIX shared memory
+or CUDA host memory), makes it resident, binds it to a NUMA node and pins
+it as asked; :func:`attach_shm` maps a segment another process created.
+Both return a :class:`HostBuffer`, the single owner of that mapping.
+
+Ownership rule (views keep the memory alive):
+    Every :meth:`HostBuffer.memoryview` and :meth:`HostBuffer.tensor` is a
+    zero-copy view that holds a reference to the mapping's owner handle.
+    :meth:`HostBuffer.close` drops the buffer's own reference; the native
+    free (munmap, cudaHostUnregister, cudaFreeHost...) runs when the last
+    reference is gone, i.e. at close() when no view is alive, otherwise when
+    the last view is garbage-collected.  Views stay valid for as long as
+    they exist; nothing is ever freed twice or while a view can reach it.
+
+Shared memory:
+    The creator's close() also unlinks the segment's name at once (unless
+    ``shm_unlink_on_close=False``); processes that already attached keep
+    their mappings.  Attachers' close() only detaches.  The name is removed
+    only while it still refers to the segment this process created, so a
+    segment that replaced it (``shm_reuse=True`` elsewhere) is never
+    touched.  A creator that exits without close() has its name unlinked at
+    interpreter exit; a creator that is killed leaves the name behind, and
+    a later ``allocate_host(..., shm_name=name, shm_reuse=True)`` or
+    :func:`unlink_shm` cleans it up.
+
+Incremental commit:
+    A lazily growing pool reserves its whole range once, ``allocate_host(
+    size, pin="none", populate=False)``, and then makes one range after the
+    other resident and pinned with :meth:`HostBuffer.commit` -- from a
+    background thread if it likes -- while the committed part is in use.
+    The mapping never moves.  ``committed_bytes`` and ``pinned_bytes`` say
+    how far it got; ``pinned`` names a pinning only once all of it is.
+
+Threads: a HostBuffer may be shared between threads; close() is safe to
+call concurrently and more than once; commit() of disjoint ranges may run
+in several threads at once.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import threading
+import weakref
+from typing import TYPE_CHECKING, Any
+
+import kvpool.errors as errors
+import kvpool.native.calls as _native
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["HostBuffer", "allocate_host", "attach_shm", "live_mappings", "unlink_shm"]
+
+log = logging.getLogger(__name__)
+
+
+class _Mapping:
+    """The native side of one mapping; freed once, by whoever is last."""
+
+    __slots__ = ("address", "lock", "unmapped")
+
+    def __init__(self, address: int) -> None:
+        self.address = address
+        self.unmapped = False
+        self.lock = threading.Lock()
+
+    def release(self) -> None:
+        with self.lock:
+            if self.unmapped:
+                return
+            self.unmapped = True
+        try:
+            _native.free(self.address)
+        except errors.KVPoolError as exc:  # a finalizer cannot raise
+            log.error("kvpool: freeing host mapping %#x failed: %s", self.address, exc)
+
+
+def _owner_handle(mapping: _Mapping, mapped_size: int) -> Any:
+    """A cdata pointer whose collection frees the mapping (ffi.gc)."""
+    raw = _native.ffi.cast("uint8_t *", mapping.address)
+    return _native.ffi.gc(raw, lambda _cdata: mapping.release(), size=mapped_size)
+
+
+_shm_creators: weakref.WeakSet[HostBuffer] = weakref.WeakSet()
+
+
+@atexit.register
+def _release_shm_names_at_exit() -> None:
+    for buf in list(_shm_creators):
+        with contextlib.suppress(Exception):  # best effort while the interpreter exits
+            buf._release_name()
+
+
+class HostBuffer:
+    """The one owner of a native host-memory mapping.
+
+    Create with :func:`allocate_host` or :func:`attach_shm`, not directly.
+
+    Attributes:
+        kind: "anonymous", "hugetlb", "shm" or "cuda-host".
+        size: usable bytes (exactly what was asked for, or the attached size).
+        mapped_size: bytes actually mapped (rounded up to the page size).
+        address: base address.
+        pinned: "cuda-alloc", "cuda-register", "mlock" or "none" -- how the
+            whole mapping is pinned in fact, never what was hoped for: "none"
+            while any part is uncommitted or unpinned, the weakest pinning
+            when committed parts differ.
+        numa_node: the node asked for, or None.
+        numa_bound: True when the NUMA binding took effect; False when the
+            kernel refused mbind (containers) and the memory is unbound.
+        hugepages: "hugetlb-2MiB", "thp" or "none".
+        shm_name: the segment's name, or None.
+        shm_owner: True for the creator of a segment, False for an attacher.
+        populate_method: "madvise", "first-touch", "driver" or "none" (the
+            allocation's, or the most recent commit's).
+        threads_used: threads of that population.
+        register_chunks: cudaHostRegister calls behind it (0 if none).
+        page_size: page size in use, bytes.
+        committed_bytes: bytes made resident by the allocation (all of
+            ``mapped_size`` when it populated or pinned) or by :meth:`commit`.
+        pinned_bytes: of those, bytes pinned (mlock or CUDA).
+
+    Lifetime: see the module docstring.  close() is idempotent, ``with``
+    closes on exit, and ``__del__`` is only a backstop.
+    """
+
+    kind: str
+    size: int
+    mapped_size: int
+    address: int
+    pinned: str
+    numa_node: int | None
+    numa_bound: bool
+    hugepages: str
+    shm_name: str | None
+    shm_owner: bool
+    populate_method: str
+    threads_used: int
+    register_chunks: int
+    page_size: int
+    committed_bytes: int
+    pinned_bytes: int
+
+    def __init__(
+        self, region: _native.Region, *, shm_name: str | None = None, unlink_on_close: bool = True
+    ) -> None:
+        """Take ownership of a mapping libpinmem made (internal: use the factories)."""
+        self.kind = region.kind
+        self.size = region.size
+        self.mapped_size = region.mapped_size
+        self.address = region.address
+        self.numa_node = region.numa_node
+        self.numa_bound = region.numa_bound
+        self.hugepages = region.hugepages
+        self.shm_name = shm_name
+        self.shm_owner = region.shm_owner
+        self.page_size = region.page_size
+        self._take_state(region)
+        self._unlink_on_close = unlink_on_close
+        self._lock = threading.Lock()
+        self._mapping = _Mapping(region.address)
+        self._owner: Any = _owner_handle(self._mapping, region.mapped_size)
+        if self.shm_owner and unlink_on_close:
+            _shm_creators.add(self)
+
+    # ---------------------------------------------------------------- state
+
+    def _take_state(self, region: _native.Region) -> None:
+        """Copy the fields that commits change."""
+        self.pinned = region.pinned
+        self.populate_method = region.populate_method
+        self.threads_used = region.threads_used
+        self.register_chunks = region.register_chunks
+        self.committed_bytes = region.committed_bytes
+        self.pinned_bytes = region.pinned_bytes
+
+    @property
+    def closed(self) -> bool:
+        """True once close() was called (views may still keep the memory)."""
+        return self._owner is None
+
+    @property
+    def unmapped(self) -> bool:
+        """True once the native mapping is gone (after close and the last view)."""
+        return self._mapping.unmapped
+
+    def _handle(self) -> Any:
+        owner = self._owner
+        if owner is None:
+            raise errors.PoolClosedError(
+                f"HostBuffer at {self.address:#x} ({self.size} bytes) is closed; views made "
+                "before close() remain valid, new ones cannot be made"
+            )
+        return owner
+
+    # ---------------------------------------------------------------- views
+
+    def memoryview(self) -> memoryview:
+        """Return a writable, 1-D, format 'B' view of exactly ``size`` bytes.
+
+        Zero-copy.  The view keeps the mapping alive: it stays valid after
+        close() until the view itself is released.
+
+        Raises:
+            PoolClosedError: the buffer was closed.
+        """
+        return memoryview(_native.ffi.buffer(self._handle(), self.size))
+
+    def tensor(self) -> torch.Tensor:
+        """Return a zero-copy ``torch.uint8`` tensor of ``size`` elements.
+
+        The tensor keeps the mapping alive (torch holds the buffer object),
+        so it stays valid after close() until it is garbage-collected.
+
+        Raises:
+            PoolClosedError: the buffer was closed.
+            FeatureUnavailableError: torch is not installed.
+        """
+        try:
+            import torch
+        except ImportError as exc:  # pragma: no cover - torch is a dependency
+            raise errors.FeatureUnavailableError(
+                "HostBuffer.tensor() needs torch (pip install torch)"
+            ) from exc
+        view = self.memoryview()
+        return torch.frombuffer(view, dtype=torch.uint8, count=self.size)
+
+    # --------------------------------------------------------------- commit
+
+    def commit(
+        self, offset: int, length: int, *, pin: str = "auto", threads: int | None = None
+    ) -> str:
+        """Make ``[offset, offset + length)`` resident and pinned, in place.
+
+        For a buffer reserved with ``allocate_host(size, pin="none",
+        populate=False)``: commit it step by step as it is needed; addresses
+        never move, and the contents of the range are kept.  A range is
+        committed once (a buffer populated or pinned when allocated is
+        committed whole).  Commits of disjoint ranges may run in several
+        threads; reads and writes of committed ranges go on meanwhile.  The
+        mapping stays alive until the commit returns, even if the buffer is
+        closed meanwhile.  Afterwards ``committed_bytes``, ``pinned_bytes``,
+        ``pinned`` and ``register_chunks`` describe the whole buffer again.
+
+        Args:
+            offset: start of the range, a multiple of ``page_size``.
+            length: bytes, > 0, a multiple of ``page_size``; the range must
+                end within ``mapped_size``.
+            pin: "auto" (cudaHostRegister in chunks of at most 64 GiB when
+                CUDA is usable, else mlock if allowed, else none), "none",
+                "mlock" or "cuda-register"; the latter two raise if refused.
+            threads: populate threads (default: CPUs available, at most 16).
+
+        Returns:
+            How the range ended up pinned: "cuda-register", "mlock" or "none".
+
+        Raises:
+            PoolClosedError: the buffer was closed.
+            InvalidArgumentError: unaligned, out of the buffer, overlapping a
+                committed range, or a bad pin/threads value.
+            FeatureUnavailableError: pin="mlock" refused, or
+                pin="cuda-register" without CUDA.
+            OutOfMemoryError: the memory (or a CUDA registration) is not
+                available; the range stays uncommitted and may be retried.
+            NativeError: the range overlaps a commit in progress in another
+                thread, or the OS or CUDA runtime failed otherwise.
+        """
+        owner = self._handle()  # held: the mapping outlives this call
+        try:
+            pinned = _native.commit(self.address, offset, length, pin=pin, threads=threads)
+        finally:
+            # Failed commits change nothing, but a concurrent one may have.
+            with self._lock:
+                self._take_state(_native.query(self.address))
+            del owner
+        return pinned
+
+    # -------------------------------------------------------------- closing
+
+    def _release_name(self) -> bool:
+        """Creator only: unlink the segment's name if it is still ours."""
+        if not self.shm_owner or self._mapping.unmapped:
+            return False
+        try:
+            return _native.shm_release_name(self.address)
+        except errors.InvalidHandleError:
+            return False
+
+    def close(self) -> None:
+        """Give up this buffer's hold on the mapping.  Idempotent.
+
+        The mapping is unmapped now if no view is alive, else when the last
+        view goes.  A shared-memory creator also unlinks the name now (unless
+        created with ``shm_unlink_on_close=False``); an attacher only
+        detaches.
+        """
+        with self._lock:
+            owner, self._owner = self._owner, None
+            if owner is None:
+                return
+            if self.shm_owner and self._unlink_on_close:
+                self._release_name()
+                _shm_creators.discard(self)
+        del owner  # the last reference frees the mapping (ffi.gc)
+
+    def __enter__(self) -> HostBuffer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # never raise from a finalizer
+            self.close()
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "open"
+        extra = f", shm_name={self.shm_name!r}" if self.shm_name else ""
+        return (
+            f"<HostBuffer {state} kind={self.kind} size={self.size} address={self.address:#x} "
+            f"pinned={self.pinned} hugepages={self.hugepages} numa_node={self.numa_node}{extra}>"
+        )
+
+
+def allocate_host(
+    size: int,
+    *,
+    pin: str = "auto",
+    numa_node: int | None = None,
+    hugepages: str = "never",
+    shm_name: str | None = None,
+    shm_reuse: bool = False,
+    populate: bool = True,
+    threads: int | None = None,
+    shm_unlink_on_close: bool = True,
+) -> HostBuffer:
+    """Map ``size`` bytes of host memory and return its owner.
+
+    Args:
+        size: usable bytes, > 0.  The mapping is rounded up to the page size
+            in use (4 KiB, or 2 MiB for hugetlb); ``HostBuffer.size`` stays
+            ``size``.
+        pin: "auto" -- with a CUDA runtime and a device, cudaHostAlloc for
+            plain memory, cudaHostRegister (in chunks of at most 64 GiB) for
+            NUMA, hugepage or shared memory and at or above 512 GiB; without
+            CUDA, mlock when the memlock limit allows, else not pinned.
+            "none", "mlock", "cuda-alloc", "cuda-register" ask for one way
+            and raise if it is refused.  ``HostBuffer.pinned`` says what was
+            done.  Pinning implies populating.
+        numa_node: bind the pages to this node (mbind MPOL_BIND).  If the
+            kernel refuses mbind the memory is kept, unbound, with
+            ``numa_bound=False``.
+        hugepages: "never" (4 KiB pages); "thp" (transparent hugepages
+            advised); "auto" (2 MiB hugetlb pages when the pool has enough
+            free pages, else 4 KiB pages -- or THP with the libpinmem
+            option ``auto_fallback_thp`` / ``KVPOOL_AUTO_FALLBACK_THP=1``;
+            never fails for lack of hugepages); "required" (hugetlb or
+            HugePagesExhaustedError).  Not with shared memory ("auto" means
+            4 KiB there).
+        shm_name: create a POSIX shared-memory segment of this name ('/'
+            then 1..255 characters, no other '/') for other processes to
+            :func:`attach_shm`.
+        shm_reuse: replace a leftover segment of the same name instead of
+            raising SharedMemoryExistsError.
+        populate: make every page resident now, with several threads.
+        threads: populate threads (default: CPUs available, at most 16).
+        shm_unlink_on_close: the creator's close() unlinks the name.
+
+    Returns:
+        The :class:`HostBuffer` that owns the mapping.
+
+    Raises:
+        InvalidArgumentError: a bad argument (size <= 0, unknown mode, bad
+            shm name...).
+        OutOfMemoryError: the memory is not available (or size is absurd).
+        HugePagesExhaustedError: hugepages="required" and too few free
+            2 MiB pages; the message gives the command that grows the pool.
+        NumaNodeError: numa_node does not exist; the message lists the nodes.
+        SharedMemoryExistsError: shm_name exists and shm_reuse is False.
+        FeatureUnavailableError: pin="mlock"/"cuda-*" and it was refused.
+        NativeError: the OS or the CUDA runtime failed otherwise.
+    """
+    if shm_name is not None and not isinstance(shm_name, str):
+        raise errors.InvalidArgumentError(
+            f"shm_name must be a str or None, got {type(shm_name).__name__}"
+        )
+    region = _native.alloc(
+        size,
+        pin=pin,
+        hugepages=hugepages,
+        numa_node=numa_node,
+        populate=bool(populate),
+        threads=threads,
+        shm_name=shm_name,
+        shm_reuse=bool(shm_reuse),
+        shm_keep=not shm_unlink_on_close,
+    )
+    return HostBuffer(region, shm_name=shm_name, unlink_on_close=bool(shm_unlink_on_close))
+
+
+def attach_shm(
+    name: str, size: int | None = None, *, pin: str = "auto", populate: bool = False
+) -> HostBuffer:
+    """Map a shared-memory segment that another process created.
+
+    Args:
+        name: the segment's name, as given to ``allocate_host(shm_name=...)``.
+        size: bytes to map; None maps the whole segment (its size is the
+            creator's size rounded up to a page).
+        pin: "auto" (CUDA register when CUDA is usable, else mlock if
+            allowed, else none), "none", "mlock" or "cuda-register".
+        populate: prefault every page now (contents are left as they are).
+
+    Returns:
+        A :class:`HostBuffer` with ``shm_owner=False``; its close() detaches
+        and never unlinks.
+
+    Raises:
+        SharedMemoryNotFoundError: no segment of that name.
+        InvalidArgumentError: a bad name, or size larger than the segment.
+    """
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size <= 0):
+        raise errors.InvalidArgumentError(
+            f"size must be None (the whole segment) or a positive number of bytes, got {size!r}"
+        )
+    region = _native.shm_attach(name, 0 if size is None else size, pin=pin, populate=populate)
+    return HostBuffer(region, shm_name=name, unlink_on_close=False)
+
+
+def unlink_shm(name: str) -> None:
+    """Remove a shared-memory segment's name (mappings stay valid).
+
+    Raises:
+        SharedMemoryNotFoundError: no segment of that name.
+        InvalidArgumentError: the name breaks the naming rule.
+    """
+    _native.shm_unlink(name)
+
+
+def live_mappings() -> tuple[int, int]:
+    """Return (count, mapped bytes) of native mappings alive in this process."""
+    return _native.live()

@@ -1,0 +1,276 @@
+"""What this machine offers for host memory, and advice on getting more.
+
+:func:`capabilities` runs libpinmem's probe once per call and returns a
+frozen :class:`Capabilities`: CUDA runtime and devices, hugepage pools,
+NUMA nodes, the memlock limit, MADV_POPULATE_WRITE, CPUs and the THP mode.
+:meth:`Capabilities.report` is what ``python -m kvpool info`` prints.
+
+Helpers for the pools: :func:`numa_nodes`, :func:`current_numa_node` and
+:func:`read_hugepage_info`.  The last reads sysfs directly and works even
+when libpinmem is not built; the others load it on first use.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "Capabilities",
+    "HugePagePool",
+    "capabilities",
+    "current_numa_node",
+    "numa_nodes",
+    "read_hugepage_info",
+]
+
+_HUGEPAGES_2M = Path("/sys/kernel/mm/hugepages/hugepages-2048kB")
+_THP_MODES = {0: "never", 1: "madvise", 2: "always", -1: "unknown"}
+
+
+def _fmt_bytes(n: int) -> str:
+    value = float(n)
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if value < 1024 or unit == "PiB":
+            return f"{n} bytes" if unit == "bytes" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} bytes"  # pragma: no cover - loop always returns
+
+
+@dataclass(frozen=True)
+class HugePagePool:
+    """One hugepage pool from sysfs.
+
+    Attributes:
+        page_size_kib: page size in KiB (2048 for 2 MiB, 1048576 for 1 GiB).
+        total: pages in the pool (nr_hugepages), -1 if unreadable.
+        free: free pages (free_hugepages), -1 if unreadable.
+    """
+
+    page_size_kib: int
+    total: int
+    free: int
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """The capability probe, frozen.
+
+    Attributes:
+        cuda_available: a CUDA runtime is loaded and sees at least one device.
+        cuda_device_count: devices the runtime sees (0 without).
+        cuda_runtime_path: the libcudart that was loaded, or None.
+        cuda_runtime_version: e.g. 12040, or None.
+        cuda_error: why CUDA is not usable, or None.
+        hugepages: every hugepage pool, smallest page first.
+        numa_nodes: online NUMA nodes.
+        memlock_limit: soft RLIMIT_MEMLOCK in bytes, None when unlimited.
+        memlock_hard_limit: hard RLIMIT_MEMLOCK in bytes, None when unlimited.
+        memlock_exempt: the process has CAP_IPC_LOCK (the limit does not apply).
+        populate_write: MADV_POPULATE_WRITE works (Linux 5.14+).
+        cpu_count: CPUs online.
+        cpu_affinity: CPUs this process may run on.
+        thp_mode: transparent hugepages: "always", "madvise", "never" or "unknown".
+        page_size: base page size in bytes.
+        default_populate_threads: threads a populate uses by default.
+        mem_total: bytes of RAM.
+        library_path: the libpinmem.so in use.
+    """
+
+    cuda_available: bool
+    cuda_device_count: int
+    cuda_runtime_path: str | None
+    cuda_runtime_version: int | None
+    cuda_error: str | None
+    hugepages: tuple[HugePagePool, ...]
+    numa_nodes: tuple[int, ...]
+    memlock_limit: int | None
+    memlock_hard_limit: int | None
+    memlock_exempt: bool
+    populate_write: bool
+    cpu_count: int
+    cpu_affinity: int
+    thp_mode: str
+    page_size: int
+    default_populate_threads: int
+    mem_total: int
+    library_path: str
+
+    def hugepage_pool(self, page_size_kib: int = 2048) -> HugePagePool | None:
+        """Return the pool of that page size, or None if the kernel has none."""
+        for pool in self.hugepages:
+            if pool.page_size_kib == page_size_kib:
+                return pool
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the probe as plain JSON-ready values."""
+        return asdict(self)
+
+    def advice(self) -> list[str]:
+        """Return one line per thing worth changing, with the command that does it."""
+        tips: list[str] = []
+        if not self.cuda_available:
+            tips.append(
+                f"CUDA: not usable ({self.cuda_error or 'no runtime'}); pin='auto' uses mlock "
+                "instead. A CUDA build of torch brings libcudart, or set "
+                "KVPOOL_CUDART=/path/to/libcudart.so.12."
+            )
+        pool = self.hugepage_pool(2048)
+        if pool is None:
+            tips.append(
+                "Hugepages: this kernel has no 2 MiB hugepage pool; hugepages='auto' uses "
+                "transparent hugepages or 4 KiB pages."
+            )
+        elif pool.free < 512:
+            tips.append(
+                f"Hugepages: {max(pool.free, 0)} free 2 MiB pages of {max(pool.total, 0)}; "
+                "hugepages='auto' falls back to 4 KiB pages (about 3x slower to populate). "
+                f"For a 4 GiB pool: echo {max(pool.total, 0) + 2048} | sudo tee "
+                "/proc/sys/vm/nr_hugepages (per node: /sys/devices/system/node/node<N>/"
+                "hugepages/hugepages-2048kB/nr_hugepages; persist with vm.nr_hugepages in "
+                "/etc/sysctl.conf)."
+            )
+        if self.memlock_limit is not None:
+            if self.memlock_exempt:
+                tips.append(
+                    f"memlock: limit {_fmt_bytes(self.memlock_limit)} does not bind: this "
+                    "process has CAP_IPC_LOCK (root), so mlock pinning works at any size."
+                )
+            else:
+                tips.append(
+                    f"memlock: limit {_fmt_bytes(self.memlock_limit)}; mlock pinning of larger "
+                    "pools is refused (pinned='none'). Raise it: ulimit -l unlimited, a "
+                    "'memlock' line in /etc/security/limits.conf, or docker run --ulimit "
+                    "memlock=-1."
+                )
+        if self.thp_mode == "never":
+            tips.append(
+                "THP: disabled; hugepages='thp' gets 4 KiB pages. Enable: echo madvise | sudo "
+                "tee /sys/kernel/mm/transparent_hugepage/enabled"
+            )
+        if not self.populate_write:
+            tips.append(
+                "Populate: the kernel lacks MADV_POPULATE_WRITE (Linux 5.14+); pools are made "
+                "resident by touching each page, which is slower."
+            )
+        if len(self.numa_nodes) == 1:
+            tips.append("NUMA: one node; numa_node=0 is the only choice and binding is moot.")
+        return tips
+
+    def report(self) -> str:
+        """Return the human-readable report that ``kvpool info`` prints."""
+        lines = ["kvpool host-memory capabilities", ""]
+        if self.cuda_available:
+            cuda = (
+                f"yes, {self.cuda_device_count} device(s), runtime {self.cuda_runtime_version} "
+                f"({self.cuda_runtime_path})"
+            )
+        elif self.cuda_runtime_path:
+            cuda = f"runtime {self.cuda_runtime_path} loaded, no usable device: {self.cuda_error}"
+        else:
+            cuda = f"no ({self.cuda_error})"
+        lines.append(f"  CUDA                 {cuda}")
+        for pool in self.hugepages:
+            size = _fmt_bytes(pool.page_size_kib * 1024)
+            lines.append(
+                f"  hugepages {size:<10} {pool.free} free of {pool.total}"
+                f" ({_fmt_bytes(max(pool.free, 0) * pool.page_size_kib * 1024)} free)"
+            )
+        if not self.hugepages:
+            lines.append("  hugepages            none (no hugetlb support)")
+        lines.append(f"  THP                  {self.thp_mode}")
+        lines.append(f"  NUMA nodes           {', '.join(map(str, self.numa_nodes))}")
+        limit = "unlimited" if self.memlock_limit is None else _fmt_bytes(self.memlock_limit)
+        exempt = " (CAP_IPC_LOCK: not enforced)" if self.memlock_exempt else ""
+        lines.append(f"  memlock limit        {limit}{exempt}")
+        lines.append(f"  MADV_POPULATE_WRITE  {'yes' if self.populate_write else 'no'}")
+        lines.append(
+            f"  CPUs                 {self.cpu_affinity} usable of {self.cpu_count} online; "
+            f"populate uses {self.default_populate_threads} thread(s)"
+        )
+        lines.append(f"  RAM                  {_fmt_bytes(self.mem_total)}")
+        lines.append(f"  page size            {self.page_size} bytes")
+        lines.append(f"  libpinmem            {self.library_path}")
+        tips = self.advice()
+        if tips:
+            lines += ["", "Advice:"]
+            lines += [f"  - {tip}" for tip in tips]
+        return "\n".join(lines)
+
+
+def capabilities() -> Capabilities:
+    """Probe the machine now and return what it offers.
+
+    Returns:
+        A frozen :class:`Capabilities`.
+
+    Raises:
+        ImportError: libpinmem is not built or cannot be loaded.
+    """
+    import kvpool.native.calls as _native
+
+    raw = _native.probe()
+    loaded = raw["cuda_loaded"]
+    return Capabilities(
+        cuda_available=loaded and raw["cuda_device_count"] > 0,
+        cuda_device_count=raw["cuda_device_count"],
+        cuda_runtime_path=raw["cuda_runtime_path"] or None,
+        cuda_runtime_version=raw["cuda_runtime_version"] or None,
+        cuda_error=raw["cuda_error"] or None,
+        hugepages=tuple(HugePagePool(*pool) for pool in raw["hugepages"]),
+        numa_nodes=tuple(raw["numa_nodes"]),
+        memlock_limit=raw["memlock_soft"],
+        memlock_hard_limit=raw["memlock_hard"],
+        memlock_exempt=raw["cap_ipc_lock"],
+        populate_write=raw["populate_write"],
+        cpu_count=raw["cpu_count"],
+        cpu_affinity=raw["cpu_affinity"],
+        thp_mode=_THP_MODES.get(raw["thp_mode"], "unknown"),
+        page_size=raw["page_size"],
+        default_populate_threads=raw["default_populate_threads"],
+        mem_total=raw["mem_total"],
+        library_path=_native.library_path(),
+    )
+
+
+def numa_nodes() -> list[int]:
+    """Return the online NUMA nodes, ascending (``[0]`` without NUMA support)."""
+    import kvpool.native.calls as _native
+
+    return _native.numa_nodes()
+
+
+def current_numa_node() -> int:
+    """Return the NUMA node of the CPU the calling thread runs on (getcpu).
+
+    The thread may migrate right after; pin it (os.sched_setaffinity) when
+    the answer must stay true.
+    """
+    import kvpool.native.calls as _native
+
+    return _native.current_cpu()[1]
+
+
+def read_hugepage_info(base: str | os.PathLike[str] = _HUGEPAGES_2M) -> tuple[int, int, int] | None:
+    """Read the 2 MiB hugepage pool from sysfs.
+
+    Args:
+        base: the pool's sysfs directory (a parameter so tests can point it
+            elsewhere).
+
+    Returns:
+        ``(nr_hugepages, free_hugepages, 2)`` -- the last item is the page
+        size in MiB -- or None when the pool's sysfs entries are missing or
+        unreadable.  free_hugepages counts pages reserved by mappings that
+        have not touched them yet.
+    """
+    path = Path(base)
+    try:
+        total = int((path / "nr_hugepages").read_text().strip())
+        free = int((path / "free_hugepages").read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return total, free, 2

@@ -1,0 +1,203 @@
+"""Where a pool's bytes come from: native host regions or torch device memory.
+
+A backing owns one flat range of memory and exposes it as a ``uint8``
+tensor (``tensor``), as a memoryview for host memory (``view``) and a
+``close()`` that releases it.  Pools combine a backing with a placement
+policy; the backing never knows about objects.
+
+* :class:`HostBacking` - a :class:`~kvpool.native.buffer.HostBuffer` from
+  libpinmem: pageable or pinned, NUMA-bound, hugepage or shared memory.
+* :class:`TorchBacking` - ``torch.empty`` on any device (GPU pools, and
+  the CPU fallback of GPU pools on machines without one).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+import kvpool.native.buffer as host
+from kvpool.errors import InvalidArgumentError
+
+__all__ = ["HUGEPAGES_ENV", "Backing", "HostBacking", "TorchBacking", "default_hugepages"]
+
+_EMPTY = torch.empty(0, dtype=torch.uint8)
+
+#: Environment variable with the hugepage policy of pools that do not ask
+#: for hugepages: "auto" (default: 2 MiB pages when enough are free),
+#: "never", "thp".
+HUGEPAGES_ENV = "KVPOOL_HUGEPAGES"
+
+
+def default_hugepages() -> str:
+    """Hugepage policy for pools that were not asked for hugepages.
+
+    Returns ``$KVPOOL_HUGEPAGES`` when it is "auto", "never" or "thp", else
+    "auto": use 2 MiB pages when the pool has enough free ones (a 4 GiB
+    pool then becomes ready several times faster), 4 KiB pages otherwise.
+
+    Raises:
+        InvalidArgumentError: the variable holds anything else.
+    """
+    value = os.environ.get(HUGEPAGES_ENV, "auto").strip().lower() or "auto"
+    if value not in ("auto", "never", "thp"):
+        raise InvalidArgumentError(
+            f"{HUGEPAGES_ENV}={value!r} is not one of 'auto', 'never', 'thp'"
+        )
+    return value
+
+
+class Backing:
+    """A flat range of memory owned by a pool.
+
+    Attributes:
+        tensor: the bytes as a flat ``uint8`` tensor.
+        view: the bytes as a writable memoryview (None for device memory).
+        size: bytes.
+        device: the torch device holding the bytes.
+    """
+
+    tensor: torch.Tensor
+    view: memoryview | None
+    size: int
+
+    @property
+    def device(self) -> torch.device:
+        """The torch device holding the bytes."""
+        return self.tensor.device
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` ran."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release the memory (views made earlier keep it alive). Idempotent."""
+        raise NotImplementedError
+
+    def describe(self) -> dict[str, Any]:
+        """What the memory is (kind, pinning, pages, node...), for reports."""
+        raise NotImplementedError
+
+
+class HostBacking(Backing):
+    """Host memory from libpinmem.
+
+    Args:
+        size: bytes, > 0.
+        pin: "auto" (CUDA when usable, else mlock when allowed, else none),
+            "none", "mlock", "cuda-alloc" or "cuda-register".
+        numa_node: bind to this node, or None.
+        hugepages: "never", "thp", "auto" or "required".
+        shm_name: create a named POSIX shared-memory segment.
+        shm_reuse: replace a leftover segment of that name.
+        populate: make the memory resident now.
+
+    Raises:
+        The errors of :func:`kvpool.native.buffer.allocate_host`.
+    """
+
+    def __init__(
+        self,
+        size: int,
+        *,
+        pin: str = "auto",
+        numa_node: int | None = None,
+        hugepages: str = "never",
+        shm_name: str | None = None,
+        shm_reuse: bool = False,
+        populate: bool = True,
+    ) -> None:
+        self.buffer = host.allocate_host(
+            size,
+            pin=pin,
+            numa_node=numa_node,
+            hugepages=hugepages,
+            shm_name=shm_name,
+            shm_reuse=shm_reuse,
+            populate=populate,
+        )
+        self._init_views()
+
+    @classmethod
+    def attach(cls, name: str, size: int | None = None) -> HostBacking:
+        """Map a shared-memory segment another process created.
+
+        Raises:
+            SharedMemoryNotFoundError: no segment of that name.
+        """
+        self = cls.__new__(cls)
+        self.buffer = host.attach_shm(name, size)
+        self._init_views()
+        return self
+
+    def _init_views(self) -> None:
+        self.view = self.buffer.memoryview()
+        self.tensor = torch.frombuffer(self.view, dtype=torch.uint8)
+        self.size = self.buffer.size
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` ran."""
+        return self.buffer.closed
+
+    def close(self) -> None:
+        """Drop this backing's hold on the mapping (views keep it alive). Idempotent."""
+        self.view = None
+        self.tensor = _EMPTY
+        self.buffer.close()
+
+    def describe(self) -> dict[str, Any]:
+        """Kind, size, pinning, pages, NUMA node and shm name of the mapping."""
+        b = self.buffer
+        return {
+            "kind": b.kind,
+            "size": b.size,
+            "pinned": b.pinned,
+            "hugepages": b.hugepages,
+            "numa_node": b.numa_node,
+            "numa_bound": b.numa_bound,
+            "shm_name": b.shm_name,
+        }
+
+
+class TorchBacking(Backing):
+    """``torch.empty`` memory on a device.
+
+    Args:
+        size: bytes, > 0.
+        device: a torch device (string or ``torch.device``).
+
+    Raises:
+        InvalidArgumentError: size not a positive int.
+    """
+
+    def __init__(self, size: int, device: str | torch.device = "cpu") -> None:
+        if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+            raise InvalidArgumentError(f"size must be a positive number of bytes, got {size!r}")
+        self.tensor = torch.empty(size, dtype=torch.uint8, device=device)
+        host = self.tensor.device.type == "cpu"
+        self.view: memoryview | None = memoryview(self.tensor.numpy()) if host else None
+        self.size = size
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` ran."""
+        return self._closed
+
+    def close(self) -> None:
+        """Forget the tensor (torch frees it with its last view). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.tensor.device.type == "cuda":
+            torch.cuda.synchronize(self.tensor.device)
+        self.view = None
+        self.tensor = torch.empty(0, dtype=torch.uint8, device=self.tensor.device)
+
+    def describe(self) -> dict[str, Any]:
+        """Kind, size and device."""
+        return {"kind": "torch", "size": self.size, "device": str(self.tensor.device)}

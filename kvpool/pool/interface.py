@@ -1,0 +1,118 @@
+"""The allocator interface shared by every pool."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from kvpool.formats import MemoryFormat, normalize_layout
+from kvpool.pool.objects import MemoryObj
+
+__all__ = ["MemoryAllocatorInterface", "PoolStats"]
+
+
+@dataclass(frozen=True)
+class PoolStats:
+    """A consistent snapshot of a pool's accounting (taken under its lock).
+
+    Attributes:
+        total_bytes: bytes the pool manages.
+        used_bytes: bytes held by live objects (aligned/page sizes).
+        free_bytes: ``total_bytes - used_bytes``.
+        active_objects: live objects.
+        pinned_objects: live objects with a pin count above zero.
+        largest_free_block: largest allocation that can succeed now, in bytes.
+        fragmentation: ``1 - largest_free_block / free_bytes`` (0 when the
+            free space is one block or there is none).
+    """
+
+    total_bytes: int
+    used_bytes: int
+    free_bytes: int
+    active_objects: int
+    pinned_objects: int
+    largest_free_block: int
+    fragmentation: float
+
+    @staticmethod
+    def build(total: int, used: int, active: int, pinned: int, largest: int) -> PoolStats:
+        """Fill in the derived fields."""
+        free = total - used
+        frag = 1.0 - largest / free if free > 0 else 0.0
+        return PoolStats(total, used, free, active, pinned, largest, max(0.0, frag))
+
+
+class MemoryAllocatorInterface(metaclass=abc.ABCMeta):
+    """What every allocator offers: allocate, free, batched forms, close."""
+
+    @abc.abstractmethod
+    def allocate(
+        self,
+        shapes: torch.Size | list[torch.Size],
+        dtypes: torch.dtype | list[torch.dtype],
+        fmt: MemoryFormat = MemoryFormat.UNDEFINED,
+        allocator_type: str | None = None,
+    ) -> MemoryObj | None:
+        """Allocate one object of the given shape(s) and dtype(s).
+
+        Args:
+            shapes: a shape, or one shape per group (stored back to back).
+            dtypes: a dtype, or one dtype per group.
+            fmt: the object's logical format.
+            allocator_type: which sub-allocator to use, where there are several.
+
+        Returns:
+            The new object (reference count 1), or None when the pool is full.
+        """
+
+    @abc.abstractmethod
+    def batched_allocate(
+        self,
+        shapes: torch.Size | list[torch.Size],
+        dtypes: torch.dtype | list[torch.dtype],
+        batch_size: int,
+        fmt: MemoryFormat = MemoryFormat.UNDEFINED,
+        allocator_type: str | None = None,
+    ) -> list[MemoryObj] | None:
+        """Allocate ``batch_size`` equal objects, all or nothing.
+
+        Returns:
+            The objects, or None when the pool cannot hold them all.
+        """
+
+    @abc.abstractmethod
+    def free(self, memory_obj: MemoryObj, allocator_type: str | None = None) -> None:
+        """Give an object's memory back at once (normally ``ref_count_down`` does it)."""
+
+    @abc.abstractmethod
+    def batched_free(
+        self,
+        memory_objs: list[MemoryObj],
+        allocator_type: str | None = None,
+        update_stats: bool = True,
+    ) -> None:
+        """Free every object of the list once (the list itself is not modified)."""
+
+    def close(self) -> None:
+        """Release the allocator's resources; safe to call more than once."""
+        return None
+
+    def memcheck(self) -> bool:
+        """Verify the allocator's invariants; True when all hold."""
+        return True
+
+    def _adapt_shapes_and_dtypes(
+        self,
+        shapes: torch.Size | Sequence[torch.Size],
+        dtypes: torch.dtype | Sequence[torch.dtype],
+    ) -> tuple[list[torch.Size], list[torch.dtype]]:
+        """Turn a single shape/dtype into one-element lists (validated).
+
+        Raises:
+            InvalidArgumentError: mismatched lengths or wrong types.
+        """
+        shape_list, dtype_list, _ = normalize_layout(shapes, dtypes)
+        return shape_list, dtype_list

@@ -1,0 +1,178 @@
+"""A pool that is usable at once and grows to its full size in the background.
+
+Pinning a large pool takes time (populating, mlock or cudaHostRegister:
+about 0.1 s per GB even in parallel).  :class:`LazyMemoryAllocator`
+reserves the whole address range once, without touching it, makes a
+small first part resident and pinned, and lets a background thread do the
+rest in fixed steps.  After each step the extent policy's address space
+grows (``AddressManager.sbrk``), so allocations proceed from the start and
+see more room as growth catches up; until then a request beyond the
+current size returns None, as a full pool does.  Addresses never move.
+
+Closing mid-growth stops the thread after its current step, then releases
+everything; nothing leaks.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from kvpool.errors import InvalidArgumentError
+from kvpool.native.numa import NUMAMapping, resolve_numa_node
+from kvpool.pool.address import AddressManager
+from kvpool.pool.backing import HostBacking, default_hugepages
+from kvpool.pool.pools import MemoryPool, build_policy, check_align_bytes
+
+__all__ = ["LazyMemoryAllocator"]
+
+logger = logging.getLogger("kvpool")
+
+_MiB = 1 << 20
+
+
+def _round_up(value: int, to: int) -> int:
+    return (value + to - 1) // to * to
+
+
+class LazyMemoryAllocator(MemoryPool):
+    """Pinned extent pool that grows from ``init_size`` to ``size`` in the background.
+
+    Args:
+        size: final bytes of the pool, > 0.
+        init_size: bytes usable at once (default: min(size, 1 GiB)).
+        step_size: bytes added per growth step (default 256 MiB).
+        use_hugepages: require 2 MiB hugepages (else used when enough are free).
+        numa_mapping: bind to the node of the current GPU (calling CPU without GPUs).
+        align_bytes: alignment of objects (a power of two).
+        byte_buffers: route ``BINARY_BUFFER`` to Python byte buffers.
+        start: start growing now (else call :meth:`start_growth`).
+
+    Sizes are rounded up to the page size in use (4 KiB or 2 MiB).
+
+    Raises:
+        InvalidArgumentError: bad sizes.
+        plus the errors of :func:`kvpool.native.buffer.allocate_host`.
+    """
+
+    def __init__(
+        self,
+        size: int,
+        init_size: int | None = None,
+        step_size: int = 256 * _MiB,
+        *,
+        use_hugepages: bool = False,
+        numa_mapping: NUMAMapping | None = None,
+        align_bytes: int = AddressManager.ALIGN_BYTES,
+        byte_buffers: bool = True,
+        start: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        for name, value in (("size", size), ("step_size", step_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise InvalidArgumentError(
+                    f"{name} must be a positive number of bytes, got {value!r}"
+                )
+        check_align_bytes(align_bytes)
+        if init_size is None:
+            init_size = min(size, 1 << 30)
+        bad_init = isinstance(init_size, bool) or not isinstance(init_size, int)
+        if bad_init or not 0 < init_size <= size:
+            raise InvalidArgumentError(
+                f"init_size must be in (0, size={size}] bytes, got {init_size!r}"
+            )
+        backing = HostBacking(
+            size,
+            pin="none",
+            populate=False,
+            numa_node=resolve_numa_node(numa_mapping),
+            hugepages="required" if use_hugepages else default_hugepages(),
+        )
+        try:
+            page = backing.buffer.page_size
+            # Growth works in whole pages that are also whole alignment units.
+            unit = max(page, align_bytes)
+            self._target = _round_up(size, page)
+            self._step = _round_up(step_size, unit)
+            first = min(_round_up(init_size, unit), self._target)
+            backing.buffer.commit(0, first)
+            policy = build_policy(
+                backing, False, align_bytes=align_bytes, init_address_space=min(first, size)
+            )
+        except BaseException:
+            backing.close()
+            raise
+        self._committed = first
+        self._stop = threading.Event()
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        super().__init__(backing, policy, byte_buffers=byte_buffers, name="LazyMemoryAllocator")
+        if self._committed >= self._target:
+            self._done.set()
+        elif start:
+            self.start_growth()
+
+    # -- growth ----------------------------------------------------------
+
+    def start_growth(self) -> None:
+        """Start the background growth (no-op when running or finished)."""
+        if self._done.is_set() or (self._thread is not None and self._thread.is_alive()):
+            return
+        self._thread = threading.Thread(target=self._grow, name="kvpool-lazy-grow", daemon=True)
+        self._thread.start()
+
+    def _grow(self) -> None:
+        buffer = self.backing.buffer  # type: ignore[attr-defined]
+        am = self.allocator.address_manager
+        try:
+            while self._committed < self._target and not self._stop.is_set():
+                step = min(self._step, self._target - self._committed)
+                buffer.commit(self._committed, step)
+                usable = min(self._committed + step, self.size) - am.get_heap_size()
+                if usable > 0:
+                    am.sbrk(usable)  # type: ignore[union-attr]
+                self._committed += step
+        except BaseException as exc:  # reported by wait_ready / grown state
+            self._error = exc
+            logger.error("LazyMemoryAllocator growth stopped at %d bytes: %s", self._committed, exc)
+        finally:
+            self._done.set()
+
+    @property
+    def committed_bytes(self) -> int:
+        """Bytes made resident and pinned so far."""
+        return self._committed
+
+    @property
+    def usable_bytes(self) -> int:
+        """Bytes the placement can hand out now."""
+        return self.allocator.address_manager.get_heap_size()
+
+    @property
+    def growing(self) -> bool:
+        """True while the background thread is still adding memory."""
+        return not self._done.is_set()
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        """Wait until the pool has its full size.
+
+        Returns:
+            True when fully grown, False on timeout.
+
+        Raises:
+            the error that stopped the growth, if one did.
+        """
+        finished = self._done.wait(timeout)
+        if self._error is not None:
+            raise self._error
+        return finished and self._committed >= self._target
+
+    def close(self) -> None:
+        """Stop growing (after the current step), then release everything. Idempotent."""
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+        super().close()

@@ -1,0 +1,173 @@
+"""The abstract memory object every pool hands out: what a handle on one allocation offers.
+
+Contracts (the README's Contracts section says the same for users):
+
+* **A freed handle is dead.**  Pools hand out a *new* handle object for
+  every allocation (or recycle one only when nothing else references it),
+  so a late call on an old handle can never act on memory that now belongs
+  to someone else.  Counting calls on a dead handle (``ref_count_down``,
+  ``unpin``...) are reported (see :mod:`kvpool.misuse`) and do nothing;
+  views of a dead handle (``byte_array``, ``data_ptr``) raise
+  :class:`~kvpool.errors.InvalidHandleError`; ``tensor`` returns ``None``
+  with a warning, as in the reference API.
+* **Counts never free twice.**  Memory goes back to the pool only on the
+  transition of both counts to zero; a count pushed below zero is reported
+  and clamped, never acted on.
+* **Threads.**  A pooled object's counts are guarded by its pool's lock
+  (one lock per pool covers objects, free lists and counters); an object
+  built by hand gets a re-entrant lock of its own.
+* **Views keep memory alive.**  ``byte_array`` is a slice of the pool's
+  memoryview, so it keeps the pool's mapping alive for as long as it
+  exists (it does not keep the *allocation*: once the object is freed its
+  bytes may be reused, as with any pool).
+* **Garbage collection is a backstop.**  A live object dropped without
+  ``ref_count_down`` gives its memory back from its finalizer, with a
+  warning (see :mod:`kvpool.pool.policy`); a live object keeps its pool alive.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from kvpool.formats import MemoryFormat
+from kvpool.pool.metadata import MemoryObjMetadata
+
+if TYPE_CHECKING:
+    from kvpool.pool.interface import MemoryAllocatorInterface
+
+__all__ = ["MemoryObj"]
+
+
+class MemoryObj(metaclass=abc.ABCMeta):
+    """Interface of a memory object (a handle on one allocation)."""
+
+    __slots__ = ()
+
+    # Subclasses expose their data here (a tensor, bytes...).
+    raw_data: Any
+
+    def __init__(self, metadata: MemoryObjMetadata) -> None:
+        self.meta = metadata
+
+    @abc.abstractmethod
+    def invalidate(self) -> None:
+        """Mark the object invalid (its memory is no longer its own)."""
+
+    @abc.abstractmethod
+    def is_valid(self) -> bool:
+        """Return True while the object owns its memory."""
+
+    @abc.abstractmethod
+    def get_size(self) -> int:
+        """Logical size in bytes (may be less than the physical size)."""
+
+    @abc.abstractmethod
+    def get_shape(self) -> torch.Size:
+        """Logical shape of the first group."""
+
+    def get_dtype(self) -> torch.dtype | None:
+        """Logical dtype of the first group (None if the object has none)."""
+        return None
+
+    @abc.abstractmethod
+    def get_shapes(self) -> list[torch.Size]:
+        """Shapes of every group."""
+
+    @abc.abstractmethod
+    def get_dtypes(self) -> list[torch.dtype]:
+        """Dtypes of every group."""
+
+    @abc.abstractmethod
+    def get_memory_format(self) -> MemoryFormat:
+        """The object's :class:`MemoryFormat`."""
+
+    @abc.abstractmethod
+    def get_physical_size(self) -> int:
+        """Bytes reserved for the object, alignment included."""
+
+    def set_used_size(self, n: int) -> None:  # noqa: B027 - optional hook
+        """Narrow the logical size to the first ``n`` bytes (optional hook).
+
+        The default does nothing; objects that distinguish used from
+        reserved bytes override it.
+        """
+
+    @abc.abstractmethod
+    def pin(self) -> bool:
+        """Pin the object so that it cannot be evicted; True on success."""
+
+    @abc.abstractmethod
+    def ref_count_up(self) -> None:
+        """Take one more reference."""
+
+    @abc.abstractmethod
+    def unpin(self) -> bool:
+        """Drop one pin; True on success."""
+
+    @abc.abstractmethod
+    def ref_count_down(self) -> None:
+        """Drop one reference (the last one frees the object)."""
+
+    @abc.abstractmethod
+    def get_ref_count(self) -> int:
+        """Current reference count."""
+
+    @abc.abstractmethod
+    def get_num_tokens(self) -> int:
+        """Number of tokens the object holds."""
+
+    @property
+    def shm_offset(self) -> int:
+        """Byte offset of the object inside its (shared-memory) pool."""
+        return self.meta.address
+
+    @property
+    def shm_byte_length(self) -> int:
+        """Byte length of the object inside its (shared-memory) pool."""
+        return self.get_size()
+
+    @property
+    @abc.abstractmethod
+    def metadata(self) -> MemoryObjMetadata:
+        """The object's metadata."""
+
+    @property
+    @abc.abstractmethod
+    def tensor(self) -> torch.Tensor | None:
+        """The data as a tensor of the logical shape and dtype."""
+
+    @property
+    @abc.abstractmethod
+    def byte_array(self) -> Any:
+        """The data as a zero-copy byte buffer of ``get_size()`` bytes."""
+
+    @property
+    @abc.abstractmethod
+    def data_ptr(self) -> int:
+        """Address of the first byte."""
+
+    @property
+    @abc.abstractmethod
+    def is_pinned(self) -> bool:
+        """True while the object is pinned."""
+
+    @property
+    @abc.abstractmethod
+    def can_evict(self) -> bool:
+        """True when the object may be evicted."""
+
+    @property
+    @abc.abstractmethod
+    def raw_tensor(self) -> torch.Tensor | None:
+        """The flat byte tensor behind the object."""
+
+    @abc.abstractmethod
+    def get_tensor(self, index: int) -> torch.Tensor | None:
+        """Group ``index`` as a tensor of its shape and dtype."""
+
+    @abc.abstractmethod
+    def parent(self) -> MemoryAllocatorInterface | None:
+        """The allocator the object came from."""

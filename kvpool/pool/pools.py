@@ -1,0 +1,400 @@
+"""One pool type: a backing (where the bytes are) times a placement policy.
+
+:class:`MemoryPool` owns a :class:`~kvpool.pool.backing.Backing` and places
+objects in it with an extent policy
+(:class:`~kvpool.pool.extent.TensorMemoryAllocator`) or a paged one
+(:class:`~kvpool.pool.paged.PagedTensorMemoryAllocator`).  It can also route
+``BINARY_BUFFER`` requests to ordinary Python byte buffers.  The
+reference API's allocator classes (:mod:`kvpool.allocators`) are thin
+named constructions of this one class.
+
+Lifecycle: ``close()`` is idempotent and ``with`` closes on exit.  It
+invalidates every object of the pool and returns the memory; a view made
+before (a ``byte_array`` slice, a tensor) keeps the mapping alive until it
+is released, so nothing dangles.  Garbage collection of the pool is only
+a backstop for close(): a live object keeps its pool alive, so the
+backstop runs once the pool and all its objects are unreachable.
+
+Thread safety: the placement policy's lock is the pool's one lock; the
+pool adds none.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from kvpool.checks import check_power_of_two
+from kvpool.errors import InvalidArgumentError, PoolClosedError
+from kvpool.formats import MemoryFormat
+from kvpool.pool.address import AddressManager
+from kvpool.pool.backing import Backing
+from kvpool.pool.extent import TensorMemoryAllocator
+from kvpool.pool.interface import MemoryAllocatorInterface, PoolStats
+from kvpool.pool.monitor import live_pools, register_pool
+from kvpool.pool.objects import MemoryObj
+from kvpool.pool.paged import PagedTensorMemoryAllocator
+from kvpool.pool.placeholders import BytesBufferMemoryObj
+from kvpool.pool.policy import check_object_list
+
+__all__ = [
+    "TENSOR_FORMATS",
+    "BufferAllocator",
+    "MemoryPool",
+    "build_policy",
+    "build_policy_or_close",
+    "check_align_bytes",
+    "live_pools",
+]
+
+#: Formats a pool places in its own memory (BINARY_BUFFER goes to byte buffers).
+TENSOR_FORMATS = frozenset(
+    {
+        MemoryFormat.KV_2LTD,
+        MemoryFormat.KV_T2D,
+        MemoryFormat.KV_2TD,
+        MemoryFormat.KV_MLA_FMT,
+        MemoryFormat.BINARY,
+        MemoryFormat.EC_TD,
+        MemoryFormat.HS_TD,
+    }
+)
+
+Policy = TensorMemoryAllocator | PagedTensorMemoryAllocator
+
+
+class BufferAllocator(MemoryAllocatorInterface):
+    """Objects over fresh Python ``bytearray``s (``BINARY_BUFFER``).
+
+    Args:
+        device: kept for the reference API; only "cpu" is meaningful.
+    """
+
+    def __init__(self, device: str = "cpu") -> None:
+        self.device = device
+
+    @staticmethod
+    def _length(shapes: Any) -> int:
+        shape = shapes[0] if isinstance(shapes, list) else shapes
+        try:
+            n = int(shape[0])
+        except (TypeError, IndexError, ValueError):
+            raise InvalidArgumentError(
+                f"a byte buffer's shape must start with its length in bytes, got {shapes!r}"
+            ) from None
+        if n < 0:
+            raise InvalidArgumentError(f"a byte buffer cannot have length {n}")
+        return n
+
+    def allocate(
+        self,
+        shapes: torch.Size | list[torch.Size],
+        dtypes: torch.dtype | list[torch.dtype],
+        fmt: MemoryFormat = MemoryFormat.BINARY_BUFFER,
+        allocator_type: str | None = None,
+    ) -> BytesBufferMemoryObj:
+        """A zeroed byte buffer of ``shapes[0]`` bytes (the dtype is ignored).
+
+        Raises:
+            InvalidArgumentError: the shape does not start with a length >= 0.
+        """
+        return BytesBufferMemoryObj(bytearray(self._length(shapes)))
+
+    def batched_allocate(
+        self,
+        shapes: torch.Size | list[torch.Size],
+        dtypes: torch.dtype | list[torch.dtype],
+        batch_size: int,
+        fmt: MemoryFormat = MemoryFormat.BINARY_BUFFER,
+        allocator_type: str | None = None,
+    ) -> list[BytesBufferMemoryObj]:
+        """``batch_size`` zeroed byte buffers.
+
+        Raises:
+            InvalidArgumentError: bad shape or negative batch size.
+        """
+        n = self._length(shapes)
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 0:
+            raise InvalidArgumentError(f"batch_size must be an int >= 0, got {batch_size!r}")
+        return [BytesBufferMemoryObj(bytearray(n)) for _ in range(batch_size)]
+
+    def free(self, memory_obj: MemoryObj, allocator_type: str | None = None) -> None:
+        """Nothing to do: the buffer is garbage-collected."""
+
+    def batched_free(
+        self,
+        memory_objs: list[MemoryObj],
+        allocator_type: str | None = None,
+        update_stats: bool = True,
+    ) -> None:
+        """Nothing to do: the buffers are garbage-collected."""
+
+    def __str__(self) -> str:
+        return "BufferAllocator"
+
+
+def check_align_bytes(align_bytes: object) -> int:
+    """Validate an ``align_bytes`` argument.
+
+    Raises:
+        InvalidArgumentError: not a positive power of two.
+    """
+    return check_power_of_two("align_bytes", align_bytes)
+
+
+def build_policy(
+    backing: Backing,
+    use_paging: bool,
+    *,
+    align_bytes: int = AddressManager.ALIGN_BYTES,
+    init_address_space: int | None = None,
+    shapes: list[torch.Size] | None = None,
+    dtypes: list[torch.dtype] | None = None,
+    fmt: MemoryFormat | None = None,
+) -> Policy:
+    """The placement policy for ``backing``: extent, or paged when ``use_paging``.
+
+    Raises:
+        InvalidArgumentError: paging without ``shapes``/``dtypes``/``fmt``,
+            or a bad alignment.
+    """
+    if use_paging:
+        missing = [
+            n for n, v in (("shapes", shapes), ("dtypes", dtypes), ("fmt", fmt)) if v is None
+        ]
+        if missing:
+            raise InvalidArgumentError(
+                f"a paged pool needs {', '.join(missing)}: pass use_paging=True with "
+                "shapes=[...], dtypes=[...], fmt=MemoryFormat...."
+            )
+        return PagedTensorMemoryAllocator(
+            backing.tensor,
+            shapes,  # type: ignore[arg-type]
+            dtypes,  # type: ignore[arg-type]
+            fmt,  # type: ignore[arg-type]
+            byte_view=backing.view,
+        )
+    check_align_bytes(align_bytes)
+    return TensorMemoryAllocator(
+        backing.tensor, align_bytes, init_address_space, byte_view=backing.view
+    )
+
+
+def build_policy_or_close(backing: Backing, use_paging: bool, **policy_args: Any) -> Policy:
+    """:func:`build_policy`, closing ``backing`` if it fails (so nothing leaks)."""
+    try:
+        return build_policy(backing, use_paging, **policy_args)
+    except BaseException:
+        backing.close()
+        raise
+
+
+class MemoryPool(MemoryAllocatorInterface):
+    """A backing plus a placement policy, with one lock and a lifecycle.
+
+    Args:
+        backing: the memory (the pool owns it and closes it).
+        policy: the placement policy over ``backing``.
+        byte_buffers: route ``BINARY_BUFFER`` requests to Python byte
+            buffers (as the reference's MixedMemoryAllocator does).
+        formats: the formats placed in the pool's memory (default: every
+            tensor format); others raise.
+        name: what ``str(pool)`` says (the reference class name).
+
+    Attributes:
+        allocator: the placement policy.
+        buffer: the pool's memory as a flat ``uint8`` tensor.
+        size: bytes of memory.
+    """
+
+    def __init__(
+        self,
+        backing: Backing,
+        policy: Policy,
+        *,
+        byte_buffers: bool = False,
+        formats: Iterable[MemoryFormat] = TENSOR_FORMATS,
+        name: str = "MemoryPool",
+    ) -> None:
+        self.backing = backing
+        self.allocator: Policy = policy
+        # The policy (which every live object references) keeps its pool
+        # alive, so the garbage-collection backstop below never closes a
+        # pool whose objects are still in use.
+        policy._owner = self  # type: ignore[union-attr]
+        self.buffer_allocator = BufferAllocator("cpu") if byte_buffers else None
+        self._formats = frozenset(formats)
+        self._name = name
+        register_pool(self)
+
+    # -- attributes of the reference API -------------------------------
+
+    @property
+    def buffer(self) -> torch.Tensor:
+        """The pool's memory as a flat ``uint8`` tensor (zero-copy)."""
+        return self.backing.tensor
+
+    @property
+    def size(self) -> int:
+        """Bytes of memory."""
+        return self.backing.size
+
+    @property
+    def address_manager(self) -> Any:
+        """The policy's address manager (AddressManager or PagedAddressManager)."""
+        return self.allocator.address_manager
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` ran (the policy's state: one flag, not two)."""
+        return self.allocator.closed
+
+    @property
+    def num_active_allocations(self) -> int:
+        """Live objects in the pool's memory."""
+        return self.allocator.num_active_allocations
+
+    # -- allocation ----------------------------------------------------
+
+    def _check_format(self, fmt: object) -> bool:
+        """True for a byte-buffer request, False for the pool; raise otherwise."""
+        if fmt in self._formats:
+            return False
+        if fmt is MemoryFormat.BINARY_BUFFER and self.buffer_allocator is not None:
+            return True
+        supported = sorted(f.name for f in self._formats)
+        if self.buffer_allocator is not None:
+            supported.append("BINARY_BUFFER")
+        raise InvalidArgumentError(
+            f"unsupported memory format {fmt!r} for {self._name}; supported: {', '.join(supported)}"
+        )
+
+    def allocate(
+        self,
+        shapes: torch.Size | list[torch.Size],
+        dtypes: torch.dtype | list[torch.dtype],
+        fmt: MemoryFormat = MemoryFormat.KV_2LTD,
+        allocator_type: str | None = None,
+    ) -> MemoryObj | None:
+        """Allocate one object (see :meth:`TensorMemoryAllocator.allocate`).
+
+        Returns:
+            The object, or None when the pool is full.
+
+        Raises:
+            InvalidArgumentError: bad layout or unsupported format.
+            PoolClosedError: the pool was closed.
+        """
+        if self._check_format(fmt):
+            return self.buffer_allocator.allocate(shapes, dtypes, fmt)  # type: ignore[union-attr]
+        return self.allocator.allocate(shapes, dtypes, fmt)
+
+    def batched_allocate(
+        self,
+        shapes: torch.Size | list[torch.Size],
+        dtypes: torch.dtype | list[torch.dtype],
+        batch_size: int,
+        fmt: MemoryFormat = MemoryFormat.KV_2LTD,
+        allocator_type: str | None = None,
+    ) -> list[MemoryObj] | None:
+        """Allocate ``batch_size`` objects, all or nothing (None when full).
+
+        Raises:
+            InvalidArgumentError: bad layout, batch size or format.
+            PoolClosedError: the pool was closed.
+        """
+        if self._check_format(fmt):
+            return self.buffer_allocator.batched_allocate(  # type: ignore[union-attr, return-value]
+                shapes, dtypes, batch_size, fmt
+            )
+        return self.allocator.batched_allocate(  # type: ignore[return-value]
+            shapes, dtypes, batch_size, fmt
+        )
+
+    def free(self, memory_obj: MemoryObj, allocator_type: str | None = None) -> None:
+        """Give an object back now (normally the last ``ref_count_down`` does).
+
+        Byte-buffer objects need nothing.
+
+        Raises:
+            InvalidHandleError: the object belongs to another pool.
+        """
+        if isinstance(memory_obj, BytesBufferMemoryObj) and self.buffer_allocator is not None:
+            return
+        self.allocator.free(memory_obj)
+
+    def batched_free(
+        self,
+        memory_objs: list[MemoryObj],
+        allocator_type: str | None = None,
+        update_stats: bool = True,
+    ) -> None:
+        """Free each object of the list once, each by its own kind.
+
+        The list may mix byte-buffer objects and pool objects; the caller's
+        list is not modified.
+
+        Raises:
+            InvalidHandleError: an object belongs to another pool.
+        """
+        check_object_list(memory_objs, "batched_free")
+        if self.buffer_allocator is not None:
+            memory_objs = [o for o in memory_objs if not isinstance(o, BytesBufferMemoryObj)]
+        self.allocator.batched_free(memory_objs)
+
+    # -- state ---------------------------------------------------------
+
+    def memcheck(self) -> bool:
+        """Verify every invariant of the placement; True when all hold."""
+        return self.allocator.memcheck()
+
+    def stats(self) -> PoolStats:
+        """A consistent snapshot of the pool's accounting (see :class:`PoolStats`).
+
+        Raises:
+            PoolClosedError: the pool was closed.
+        """
+        if self.closed:
+            raise PoolClosedError(f"stats of a closed {self._name}")
+        return self.allocator.stats()
+
+    def describe(self) -> dict[str, Any]:
+        """The backing's description plus the policy in use."""
+        info = dict(self.backing.describe())
+        info["policy"] = (
+            "paged" if isinstance(self.allocator, PagedTensorMemoryAllocator) else "extent"
+        )
+        info["pool"] = self._name
+        return info
+
+    def close(self) -> None:
+        """Invalidate every object and return the memory.  Idempotent.
+
+        Views made earlier (``byte_array`` slices, tensors) keep the
+        mapping alive until they are released.
+        """
+        self.allocator.close()  # both idempotent and thread-safe
+        self.backing.close()
+
+    def __enter__(self) -> MemoryPool:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        # A backstop only: close() is the contract.
+        allocator = getattr(self, "allocator", None)  # None: __init__ failed
+        if allocator is not None and not allocator.closed:
+            with contextlib.suppress(Exception):  # never raise from a finalizer
+                self.close()
+
+    def __str__(self) -> str:
+        return self._name
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "open"
+        return f"<{self._name} {state} {self.describe()}>"
