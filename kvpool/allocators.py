@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from kvpool.checks import check_bool, check_int, check_keywords, check_power_of_two
 from kvpool.errors import (
     FeatureUnavailableError,
     InvalidArgumentError,
@@ -40,6 +41,7 @@ from kvpool.errors import (
 from kvpool.formats import MemoryFormat, normalize_layout
 from kvpool.native.machine import read_hugepage_info
 from kvpool.native.numa import NUMAMapping, resolve_numa_node
+from kvpool.native.spec import HostSpec
 from kvpool.pool.address import AddressManager
 from kvpool.pool.backing import Backing, HostBacking, TorchBacking, default_hugepages
 from kvpool.pool.handle import TensorMemoryObj
@@ -47,7 +49,8 @@ from kvpool.pool.interface import MemoryAllocatorInterface
 from kvpool.pool.metadata import MemoryObjMetadata
 from kvpool.pool.objects import MemoryObj
 from kvpool.pool.paged import PagedTensorMemoryAllocator
-from kvpool.pool.pools import MemoryPool, build_policy_or_close
+from kvpool.pool.policy import PlacementSpec
+from kvpool.pool.pools import MemoryPool
 
 __all__ = [
     "AdHocMemoryAllocator",
@@ -65,21 +68,20 @@ __all__ = [
 ]
 
 
-def _paging(use_paging: bool, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The policy arguments taken from a constructor's keyword arguments."""
-    if not use_paging:
-        return {}
-    return {
-        "shapes": kwargs.get("shapes"),
-        "dtypes": kwargs.get("dtypes"),
-        "fmt": kwargs.get("fmt"),
-    }
+#: Keywords every pool takes for its placement (the reference's ``**kwargs``).
+PLACEMENT_KEYWORDS = frozenset({"shapes", "dtypes", "fmt", "align_bytes"})
+#: Keywords a host pool takes for where its memory lives.
+NUMA_KEYWORDS = frozenset({"numa_mapping", "numa_node"})
+#: Keywords of :class:`MixedMemoryAllocator` beyond those.
+MIXED_KEYWORDS = frozenset({"shm_name", "shm_reuse", "config", "pin"})
 
 
-def _check_size(size: object) -> int:
-    if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
-        raise InvalidArgumentError(f"size must be a positive number of bytes, got {size!r}")
-    return size
+def _numa_node(kwargs: dict[str, Any]) -> int | None:
+    """The node to bind to: an explicit ``numa_node`` wins over ``numa_mapping``."""
+    numa_node = kwargs.get("numa_node")
+    if numa_node is None:
+        return resolve_numa_node(kwargs.get("numa_mapping"))
+    return check_int("numa_node", numa_node, low=0, high=(1 << 31) - 1)
 
 
 class _HostPool(MemoryPool):
@@ -88,14 +90,13 @@ class _HostPool(MemoryPool):
     _pin = "none"
 
     def __init__(self, size: int, use_paging: bool = False, **kwargs: Any) -> None:
-        backing = HostBacking(_check_size(size), pin=self._pin, hugepages=default_hugepages())
-        policy = build_policy_or_close(
-            backing,
-            use_paging,
-            align_bytes=kwargs.get("align_bytes", AddressManager.ALIGN_BYTES),
-            **_paging(use_paging, kwargs),
+        name = type(self).__name__
+        check_keywords(f"{name}()", kwargs, PLACEMENT_KEYWORDS | NUMA_KEYWORDS)
+        placement = PlacementSpec.from_reference(use_paging, kwargs)
+        spec = HostSpec(
+            size, pin=self._pin, numa_node=_numa_node(kwargs), hugepages=default_hugepages()
         )
-        super().__init__(backing, policy, name=type(self).__name__)
+        super().__init__(HostBacking(spec), placement, name=name)
 
 
 class HostMemoryAllocator(_HostPool):
@@ -105,7 +106,12 @@ class HostMemoryAllocator(_HostPool):
         size: bytes, > 0.
         use_paging: paged placement (needs ``shapes``, ``dtypes``, ``fmt``).
         **kwargs: ``shapes``, ``dtypes``, ``fmt`` for paging;
-            ``align_bytes`` for the extent policy.
+            ``align_bytes`` for the extent policy; ``numa_mapping`` or
+            ``numa_node`` to bind the memory to a node.
+
+    Raises:
+        ArgumentTypeError: an unknown keyword (named, with the closest one).
+        InvalidArgumentError: a bad size or option.
     """
 
     _pin = "none"
@@ -117,8 +123,11 @@ class PinMemoryAllocator(_HostPool):
     Args:
         size: bytes, > 0.
         use_paging: paged placement (needs ``shapes``, ``dtypes``, ``fmt``).
-        **kwargs: ``shapes``, ``dtypes``, ``fmt`` for paging;
-            ``align_bytes`` for the extent policy.
+        **kwargs: as :class:`HostMemoryAllocator`.
+
+    Raises:
+        ArgumentTypeError: an unknown keyword (named, with the closest one).
+        InvalidArgumentError: a bad size or option.
     """
 
     _pin = "auto"
@@ -139,9 +148,11 @@ class MixedMemoryAllocator(MemoryPool):
             ``align_bytes`` (a power of two), ``shm_name`` (share the pool
             with other processes; also read from ``config``'s extra config
             as in the reference), ``shm_reuse`` (replace a leftover segment),
-            and ``shapes``/``dtypes``/``fmt`` for paging.
+            ``pin`` (how to pin, as :class:`~kvpool.native.spec.HostSpec`;
+            default "auto") and ``shapes``/``dtypes``/``fmt`` for paging.
 
     Raises:
+        ArgumentTypeError: an unknown keyword (named, with the closest one).
         InvalidArgumentError: bad size, alignment or paging arguments, or
             hugepages together with shared memory.
         HugePagesExhaustedError: ``use_hugepages`` and the pool is short.
@@ -151,14 +162,19 @@ class MixedMemoryAllocator(MemoryPool):
     def __init__(
         self, size: int, use_paging: bool = False, use_hugepages: bool = False, **kwargs: Any
     ) -> None:
+        check_keywords(
+            "MixedMemoryAllocator()", kwargs, PLACEMENT_KEYWORDS | NUMA_KEYWORDS | MIXED_KEYWORDS
+        )
         self.numa_mapping: NUMAMapping | None = kwargs.get("numa_mapping")
-        self.align_bytes = kwargs.get("align_bytes", AddressManager.ALIGN_BYTES)
+        self.align_bytes = check_power_of_two(
+            "align_bytes", kwargs.get("align_bytes", AddressManager.ALIGN_BYTES)
+        )
         config = kwargs.get("config")
         if config is not None and hasattr(config, "get_extra_config_value"):
             self.shm_name: str | None = config.get_extra_config_value("shm_name", None)
         else:
             self.shm_name = kwargs.get("shm_name")
-        if use_hugepages and self.shm_name:
+        if check_bool("use_hugepages", use_hugepages) and self.shm_name:
             raise InvalidArgumentError(
                 "hugepages are not supported with shared memory (shm_name); "
                 "drop use_hugepages or shm_name"
@@ -169,31 +185,18 @@ class MixedMemoryAllocator(MemoryPool):
             hugepages = "never"
         else:
             hugepages = default_hugepages()
-        backing = HostBacking(
-            _check_size(size),
-            pin="auto",
-            numa_node=self._numa_node(kwargs.get("numa_node")),
+        spec = HostSpec(
+            size,
+            pin=kwargs.get("pin", "auto"),
+            numa_node=_numa_node(kwargs),
             hugepages=hugepages,
             shm_name=self.shm_name,
-            shm_reuse=bool(kwargs.get("shm_reuse", False)),
+            shm_reuse=kwargs.get("shm_reuse", False),
         )
-        policy = build_policy_or_close(
-            backing, use_paging, align_bytes=self.align_bytes, **_paging(use_paging, kwargs)
-        )
+        placement = PlacementSpec.from_reference(use_paging, kwargs, align_bytes=self.align_bytes)
         super().__init__(
-            backing,
-            policy,
-            byte_buffers=True,
-            name="MixedMemoryAllocator",
+            HostBacking(spec), placement, byte_buffers=True, name="MixedMemoryAllocator"
         )
-
-    def _numa_node(self, numa_node: object) -> int | None:
-        """An explicit ``numa_node`` wins over ``numa_mapping``."""
-        if numa_node is None:
-            return resolve_numa_node(self.numa_mapping)
-        if isinstance(numa_node, bool) or not isinstance(numa_node, int) or numa_node < 0:
-            raise InvalidArgumentError(f"numa_node must be an int >= 0, got {numa_node!r}")
-        return numa_node
 
     @property
     def pin_allocator(self) -> Any:
@@ -231,14 +234,10 @@ class _DevicePool(MemoryPool):
         use_paging: bool = False,
         **kwargs: Any,
     ) -> None:
-        backing = TorchBacking(_check_size(size), device)
-        policy = build_policy_or_close(
-            backing,
-            use_paging,
-            align_bytes=AddressManager.ALIGN_BYTES if align_bytes is None else align_bytes,
-            **_paging(use_paging, kwargs),
-        )
-        super().__init__(backing, policy, name=type(self).__name__)
+        check_keywords(f"{type(self).__name__}()", kwargs, PLACEMENT_KEYWORDS - {"align_bytes"})
+        align = AddressManager.ALIGN_BYTES if align_bytes is None else align_bytes
+        placement = PlacementSpec.from_reference(use_paging, kwargs, align_bytes=align)
+        super().__init__(TorchBacking(size, device), placement, name=type(self).__name__)
 
     @property
     def tensor(self) -> torch.Tensor:
@@ -573,13 +572,14 @@ def _allocate_cpu_memory(
         return torch.empty(0, dtype=torch.uint8)
     if use_hugepages and shm_name:
         raise InvalidArgumentError("hugepages are not supported with shared memory (shm_name)")
-    backing = HostBacking(
-        _check_size(size),
+    spec = HostSpec(
+        size,
         pin="auto",
         numa_node=resolve_numa_node(numa_mapping),
-        hugepages="required" if use_hugepages else "never",
+        hugepages="required" if check_bool("use_hugepages", use_hugepages) else "never",
         shm_name=shm_name,
     )
+    backing = HostBacking(spec)
     tensor = backing.tensor
     with _cpu_buffers_lock:
         _cpu_buffers[tensor.data_ptr()] = backing

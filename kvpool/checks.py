@@ -9,14 +9,16 @@ the fix.  These are for public entry points; hot paths (``allocate``,
 
 from __future__ import annotations
 
+import difflib
 import operator
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
-from kvpool.errors import InvalidArgumentError
+from kvpool.errors import ArgumentTypeError, InvalidArgumentError
 
 __all__ = [
     "check_bool",
+    "check_keywords",
     "check_choice",
     "check_int",
     "check_optional_int",
@@ -59,11 +61,11 @@ def check_int(
         number = value  # type: ignore[assignment]
     else:
         if isinstance(value, bool) or getattr(value, "dtype", None) == "bool":
-            raise InvalidArgumentError(f"{name} must be an int, got the bool {value!r}{_hint(fix)}")
+            raise ArgumentTypeError(f"{name} must be an int, got the bool {value!r}{_hint(fix)}")
         try:
             number = operator.index(value)  # type: ignore[arg-type]
         except TypeError:
-            raise InvalidArgumentError(
+            raise ArgumentTypeError(
                 f"{name} must be an int, got {type(value).__name__} {value!r}{_hint(fix)}"
             ) from None
     if (low is not None and number < low) or (high is not None and number > high):
@@ -147,3 +149,28 @@ def check_choice(name: str, value: object, choices: Mapping[str, Any]) -> Any:
         return choices[value]
     accepted = ", ".join(repr(key) for key in choices)
     raise InvalidArgumentError(f"{name} must be one of {accepted}; got {value!r}")
+
+
+def check_keywords(owner: str, given: Mapping[str, Any], known: Collection[str]) -> None:
+    """Refuse keyword arguments that ``owner`` does not document.
+
+    A misspelt option (``shm_nmae=``) would otherwise be silently ignored.
+
+    Args:
+        owner: what was called, e.g. ``"MixedMemoryAllocator()"``.
+        given: the keyword arguments received.
+        known: every keyword ``owner`` accepts.
+
+    Raises:
+        ArgumentTypeError: a keyword is unknown; the message names the closest
+            known one and lists them all.
+    """
+    for name in given:
+        if name in known:
+            continue
+        close = difflib.get_close_matches(name, list(known), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ArgumentTypeError(
+            f"{owner} got an unexpected keyword argument {name!r}{hint} "
+            f"(accepted: {', '.join(sorted(known))})"
+        )

@@ -12,8 +12,13 @@ from __future__ import annotations
 
 __all__ = [
     "AddressSpaceExhaustedError",
+    "ArgumentTypeError",
+    "InheritedAcrossForkError",
+    "MemoryLimitError",
+    "ViewsOutliveHandleError",
     "CorruptEntryError",
     "FeatureUnavailableError",
+    "GroupIndexError",
     "HugePagesExhaustedError",
     "InvalidArgumentError",
     "InvalidHandleError",
@@ -39,6 +44,14 @@ class InvalidArgumentError(KVPoolError, ValueError):
     """An argument is out of range, of the wrong type or inconsistent."""
 
 
+class ArgumentTypeError(InvalidArgumentError, TypeError):
+    """An argument has the wrong type, or a keyword is unknown (also a ``TypeError``)."""
+
+
+class GroupIndexError(InvalidArgumentError, IndexError):
+    """A group index names no group of a memory object (also an ``IndexError``)."""
+
+
 class InvalidHandleError(KVPoolError, ValueError):
     """A handle (memory object, pointer, region) is freed, stale or unknown.
 
@@ -51,7 +64,23 @@ class PoolClosedError(InvalidHandleError):
     """The pool or region was closed; its objects are no longer usable."""
 
 
-class RefCountError(KVPoolError, RuntimeError):
+class InheritedAcrossForkError(PoolClosedError):
+    """A pool or object was inherited by a forked child, which may not use it.
+
+    The parent's memory is not the child's (pinned mappings are not even
+    inherited); a child attaches a shared-memory pool by name instead.
+    """
+
+
+class ViewsOutliveHandleError(InvalidHandleError):
+    """A handle was freed while views of its bytes were alive (strict mode only).
+
+    The bytes are not reused until the last view is gone; outside strict
+    mode this is a warning.
+    """
+
+
+class RefCountError(KVPoolError, RuntimeError, ValueError):
     """A ref or pin count went below zero (raised only in strict mode).
 
     Outside strict mode the same event is logged as a warning and ignored;
@@ -61,6 +90,14 @@ class RefCountError(KVPoolError, RuntimeError):
 
 class OutOfMemoryError(KVPoolError, MemoryError):
     """The system could not provide the memory asked for."""
+
+
+class MemoryLimitError(OutOfMemoryError):
+    """The memory would exceed an effective limit (cgroup, RAM or memlock).
+
+    Raised before populating, so that the kernel's OOM killer never acts
+    first; the message names the limit, where it comes from and the fix.
+    """
 
 
 class AddressSpaceExhaustedError(KVPoolError, RuntimeError, MemoryError):

@@ -49,11 +49,19 @@ from typing import TYPE_CHECKING, Any
 
 import kvpool.errors as errors
 import kvpool.native.calls as _native
+from kvpool.native.spec import HostSpec
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["HostBuffer", "allocate_host", "attach_shm", "live_mappings", "unlink_shm"]
+__all__ = [
+    "HostBuffer",
+    "allocate_host",
+    "allocate_spec",
+    "attach_shm",
+    "live_mappings",
+    "unlink_shm",
+]
 
 log = logging.getLogger(__name__)
 
@@ -387,22 +395,39 @@ def allocate_host(
         FeatureUnavailableError: pin="mlock"/"cuda-*" and it was refused.
         NativeError: the OS or the CUDA runtime failed otherwise.
     """
-    if shm_name is not None and not isinstance(shm_name, str):
-        raise errors.InvalidArgumentError(
-            f"shm_name must be a str or None, got {type(shm_name).__name__}"
+    return allocate_spec(
+        HostSpec(
+            size,
+            pin=pin,
+            numa_node=numa_node,
+            hugepages=hugepages,
+            shm_name=shm_name,
+            shm_reuse=shm_reuse,
+            shm_unlink_on_close=shm_unlink_on_close,
+            populate=populate,
+            threads=threads,
         )
-    region = _native.alloc(
-        size,
-        pin=pin,
-        hugepages=hugepages,
-        numa_node=numa_node,
-        populate=bool(populate),
-        threads=threads,
-        shm_name=shm_name,
-        shm_reuse=bool(shm_reuse),
-        shm_keep=not shm_unlink_on_close,
     )
-    return HostBuffer(region, shm_name=shm_name, unlink_on_close=bool(shm_unlink_on_close))
+
+
+def allocate_spec(spec: HostSpec) -> HostBuffer:
+    """Map host memory as ``spec`` describes (see :func:`allocate_host`).
+
+    Raises:
+        The errors of :func:`allocate_host`.
+    """
+    region = _native.alloc(
+        spec.size,
+        pin=spec.pin,
+        hugepages=spec.hugepages,
+        numa_node=spec.numa_node,
+        populate=spec.populate,
+        threads=spec.threads,
+        shm_name=spec.shm_name,
+        shm_reuse=spec.shm_reuse,
+        shm_keep=not spec.shm_unlink_on_close,
+    )
+    return HostBuffer(region, shm_name=spec.shm_name, unlink_on_close=spec.shm_unlink_on_close)
 
 
 def attach_shm(

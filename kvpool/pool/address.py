@@ -30,7 +30,7 @@ never handed out, or one that overlaps a free block raises
 :class:`~kvpool.errors.InvalidHandleError` and leaves the state untouched.
 The free structures can therefore never hold overlapping blocks.
 
-Thread safety: one lock per manager (``_lock``) guards every structure
+Thread safety: one lock per manager (``lock``) guards every structure
 and counter, and every public method takes it.  Pools built on top share
 that lock and call the ``*_locked`` methods while holding it, so one
 acquisition covers the pool's own state and the placement.
@@ -93,7 +93,9 @@ class AddressManager:
         self, size: int, align_bytes: int = ALIGN_BYTES, *, max_size: int | None = None
     ) -> None:
         check_int("size", size, low=0, fix="the size of the address space in bytes")
-        check_power_of_two("align_bytes", align_bytes, fix="e.g. 4096 or 2 MiB")
+        check_power_of_two(
+            "align_bytes", align_bytes, fix="use a positive power of two such as 4096"
+        )
         check_optional_int("max_size", max_size, low=size, fix="max_size bounds sbrk growth")
         self._size = size
         self._max_size = max_size
@@ -114,7 +116,7 @@ class AddressManager:
         self._bitmap = 0
         # Live allocations: start -> aligned size.
         self._live: dict[int, int] = {}
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()
         #: Bytes currently handed out (aligned sizes); exact, kept under the lock.
         self.total_allocated_size = 0
 
@@ -215,7 +217,7 @@ class AddressManager:
 
         Complexity: O(1).
         """
-        lock = self._lock
+        lock = self.lock
         lock.acquire()
         try:
             return self.allocate_locked(size)
@@ -293,7 +295,7 @@ class AddressManager:
             size = check_size("size", size)
         if batch_size == 0:
             return []
-        lock = self._lock
+        lock = self.lock
         lock.acquire()
         try:
             return self.batched_allocate_locked(size, batch_size)
@@ -382,7 +384,7 @@ class AddressManager:
 
         Complexity: O(1) for one allocation, O(k) for a run of k.
         """
-        lock = self._lock
+        lock = self.lock
         lock.acquire()
         try:
             self.free_locked(address, size)
@@ -525,7 +527,7 @@ class AddressManager:
         Complexity: O(1) (amortised: the class table may grow).
         """
         size = check_size("size", size)
-        lock = self._lock
+        lock = self.lock
         lock.acquire()
         try:
             grown = self._size + ((size + self._mask) & ~self._mask)
@@ -563,7 +565,8 @@ class AddressManager:
         """Number of live allocations. O(1)."""
         return len(self._live)
 
-    def _largest_free(self) -> int:
+    def largest_free_locked(self) -> int:
+        """:meth:`largest_free_block` for a caller that holds the manager's lock."""
         largest = self._size - self._top
         if self._bitmap:
             top_cls = self._bitmap.bit_length() - 1
@@ -575,10 +578,10 @@ class AddressManager:
 
         Complexity: O(holes in the largest non-empty class).
         """
-        lock = self._lock
+        lock = self.lock
         lock.acquire()
         try:
-            return self._largest_free()
+            return self.largest_free_locked()
         finally:
             lock.release()
 
@@ -587,7 +590,7 @@ class AddressManager:
 
         Complexity: O(n log n) in the number of holes.
         """
-        lock = self._lock
+        lock = self.lock
         lock.acquire()
         try:
             blocks = [FreeBlock(s, n) for s, n in sorted(self._hole_start.items())]
@@ -626,7 +629,7 @@ class AddressManager:
 
         Complexity: O(n log n) in the number of holes and allocations.
         """
-        lock = self._lock
+        lock = self.lock
         lock.acquire()
         try:
             return self.problems_locked()

@@ -19,9 +19,23 @@ from typing import Any
 import torch
 
 import kvpool.native.buffer as host
-from kvpool.errors import InvalidArgumentError
+from kvpool.checks import check_size
+from kvpool.errors import (
+    ArgumentTypeError,
+    FeatureUnavailableError,
+    InvalidArgumentError,
+    OutOfMemoryError,
+)
+from kvpool.native.spec import HostSpec
 
-__all__ = ["HUGEPAGES_ENV", "Backing", "HostBacking", "TorchBacking", "default_hugepages"]
+__all__ = [
+    "HUGEPAGES_ENV",
+    "Backing",
+    "DeviceOutOfMemoryError",
+    "HostBacking",
+    "TorchBacking",
+    "default_hugepages",
+]
 
 _EMPTY = torch.empty(0, dtype=torch.uint8)
 
@@ -83,42 +97,21 @@ class Backing:
 
 
 class HostBacking(Backing):
-    """Host memory from libpinmem.
+    """Host memory from libpinmem, made as a :class:`~kvpool.native.spec.HostSpec` says.
 
     Args:
-        size: bytes, > 0.
-        pin: "auto" (CUDA when usable, else mlock when allowed, else none),
-            "none", "mlock", "cuda-alloc" or "cuda-register".
-        numa_node: bind to this node, or None.
-        hugepages: "never", "thp", "auto" or "required".
-        shm_name: create a named POSIX shared-memory segment.
-        shm_reuse: replace a leftover segment of that name.
-        populate: make the memory resident now.
+        spec: the mapping: size, pinning, NUMA node, pages, shared memory,
+            population.
 
     Raises:
         The errors of :func:`kvpool.native.buffer.allocate_host`.
     """
 
-    def __init__(
-        self,
-        size: int,
-        *,
-        pin: str = "auto",
-        numa_node: int | None = None,
-        hugepages: str = "never",
-        shm_name: str | None = None,
-        shm_reuse: bool = False,
-        populate: bool = True,
-    ) -> None:
-        self.buffer = host.allocate_host(
-            size,
-            pin=pin,
-            numa_node=numa_node,
-            hugepages=hugepages,
-            shm_name=shm_name,
-            shm_reuse=shm_reuse,
-            populate=populate,
-        )
+    def __init__(self, spec: HostSpec) -> None:
+        if not isinstance(spec, HostSpec):
+            raise ArgumentTypeError(f"spec must be a HostSpec, got {type(spec).__name__}")
+        self.spec = spec
+        self.buffer = host.allocate_spec(spec)
         self._init_views()
 
     @classmethod
@@ -163,6 +156,10 @@ class HostBacking(Backing):
         }
 
 
+class DeviceOutOfMemoryError(OutOfMemoryError):
+    """A device (GPU) has not enough free memory for a pool."""
+
+
 class TorchBacking(Backing):
     """``torch.empty`` memory on a device.
 
@@ -175,9 +172,19 @@ class TorchBacking(Backing):
     """
 
     def __init__(self, size: int, device: str | torch.device = "cpu") -> None:
-        if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
-            raise InvalidArgumentError(f"size must be a positive number of bytes, got {size!r}")
-        self.tensor = torch.empty(size, dtype=torch.uint8, device=device)
+        check_size("size", size)
+        try:
+            self.tensor = torch.empty(size, dtype=torch.uint8, device=device)
+        except (RuntimeError, TypeError, ValueError) as exc:
+            # torch's own errors (an unknown device, no such backend, out of
+            # device memory) become kvpool's, naming what was asked for.
+            if "out of memory" in str(exc).lower():
+                raise DeviceOutOfMemoryError(
+                    f"{size} bytes on {device!r}: the device is out of memory ({exc})"
+                ) from exc
+            raise FeatureUnavailableError(
+                f"cannot allocate {size} bytes on device {device!r}: {exc}"
+            ) from exc
         host = self.tensor.device.type == "cpu"
         self.view: memoryview | None = memoryview(self.tensor.numpy()) if host else None
         self.size = size

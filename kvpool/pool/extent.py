@@ -20,11 +20,19 @@ from kvpool.errors import InvalidArgumentError
 from kvpool.formats import MemoryFormat, normalize_layout
 from kvpool.pool.address import AddressManager
 from kvpool.pool.arena import arena_from_tensor
-from kvpool.pool.handle import TensorMemoryObj, _new_pooled
+from kvpool.pool.handle import TensorMemoryObj, new_pooled_handle
 from kvpool.pool.interface import PoolStats
+from kvpool.pool.lease import ViewLease
 from kvpool.pool.metadata import MemoryObjMetadata
 from kvpool.pool.objects import MemoryObj
-from kvpool.pool.policy import PlacementPolicy, check_batch_size, check_format, check_object_list
+from kvpool.pool.policy import (
+    PlacementPolicy,
+    PlacementSpec,
+    check_batch_size,
+    check_format,
+    check_object_list,
+    register_policy,
+)
 
 __all__ = ["TensorMemoryAllocator"]
 
@@ -69,6 +77,8 @@ class TensorMemoryAllocator(PlacementPolicy):
     ``batched_free(k)`` are O(k) (O(k log k) for the free).
     """
 
+    kind = "extent"
+
     def __init__(
         self,
         tensor: torch.Tensor,
@@ -90,7 +100,7 @@ class TensorMemoryAllocator(PlacementPolicy):
         self.address_manager = AddressManager(space, align_bytes, max_size=arena.size)
         self.align_bytes = align_bytes
         self._arena_size = arena.size
-        self._init_policy(arena, self.address_manager._lock)
+        self._init_policy(arena, self.address_manager.lock)
         self._am_allocate = self.address_manager.allocate_locked
         self._am_free = self.address_manager.free_locked
 
@@ -103,12 +113,12 @@ class TensorMemoryAllocator(PlacementPolicy):
 
     @property
     def num_active_allocations(self) -> int:
-        """Number of live objects (exact: the address manager's live ranges)."""
-        return self.address_manager.num_allocations()
+        """Live objects: the address manager's ranges, less those only views hold."""
+        return self.address_manager.num_allocations() - self._held_count
 
     def stats(self) -> PoolStats:
         """A consistent snapshot of the pool's accounting (see :class:`PoolStats`)."""
-        lock = self._lock
+        lock = self.lock
         lock.acquire()
         try:
             self._drain_dropped_locked()
@@ -116,9 +126,10 @@ class TensorMemoryAllocator(PlacementPolicy):
             return PoolStats.build(
                 am.get_heap_size(),
                 am.total_allocated_size,
-                am.num_allocations(),
+                am.num_allocations() - self._held_count,
                 self._pinned,
-                am._largest_free(),
+                am.largest_free_locked(),
+                self._held_bytes,
             )
         finally:
             lock.release()
@@ -154,10 +165,10 @@ class TensorMemoryAllocator(PlacementPolicy):
         shape_list, dtype_list, nbytes = _layout(shapes, dtypes)
         if fmt.__class__ is not MemoryFormat:
             check_format(fmt)
-        lock = self._lock
+        lock = self.lock
         lock.acquire()
         try:
-            if self._closed:
+            if self.closed:
                 self._check_open("allocate")
             placed = self._retry_after_drain_locked(self._am_allocate, nbytes)
             if placed is None:
@@ -166,7 +177,7 @@ class TensorMemoryAllocator(PlacementPolicy):
             meta = MemoryObjMetadata(
                 shape_list[0], dtype_list[0], addr, phy, 1, 0, fmt, None, shape_list, dtype_list
             )
-            return _new_pooled(self, meta, addr, phy, nbytes)
+            return new_pooled_handle(self, meta, addr, phy, nbytes)
         finally:
             lock.release()
 
@@ -201,10 +212,10 @@ class TensorMemoryAllocator(PlacementPolicy):
             return []
         shape0 = shape_list[0]
         dtype0 = dtype_list[0]
-        lock = self._lock
+        lock = self.lock
         lock.acquire()
         try:
-            if self._closed:
+            if self.closed:
                 self._check_open("batched_allocate")
             ranges = self._retry_after_drain_locked(
                 self.address_manager.batched_allocate_locked, nbytes, batch_size
@@ -212,7 +223,7 @@ class TensorMemoryAllocator(PlacementPolicy):
             if ranges is None:
                 return None
             return [
-                _new_pooled(
+                new_pooled_handle(
                     self,
                     MemoryObjMetadata(
                         shape0, dtype0, addr, phy, 1, 0, fmt, None, shape_list, dtype_list
@@ -228,11 +239,21 @@ class TensorMemoryAllocator(PlacementPolicy):
 
     # -- release -------------------------------------------------------
 
-    def _release_locked(self, obj: TensorMemoryObj) -> None:
-        """Give ``obj``'s range back; the caller holds the lock and checked it is live."""
-        obj.valid = False
-        obj._raw = None
-        self._am_free(obj._off, obj._phy)
+    def release_locked(self, handle: TensorMemoryObj) -> None:
+        """Give ``handle``'s range back; the caller holds the lock and checked it is live.
+
+        With views of it alive, the range waits for them (see
+        :mod:`kvpool.pool.policy`).
+        """
+        handle.valid = False
+        if handle.lease is None:
+            handle._raw = None
+            self._am_free(handle.offset, handle.phy)
+        elif self._retire_locked(handle):
+            self._report_views_outlive(handle)
+
+    def _give_back_locked(self, lease: ViewLease) -> None:
+        self._am_free(lease.offset, lease.phy)
 
     def batched_free(
         self,
@@ -256,22 +277,26 @@ class TensorMemoryAllocator(PlacementPolicy):
         if not memory_objs:
             return
         for obj in memory_objs:
-            if obj.__class__ is not _TMO or obj._pool is not self:  # type: ignore[attr-defined]
+            if obj.__class__ is not _TMO or obj.owner is not self:  # type: ignore[attr-defined]
                 self._check_owned(obj)
         stale = []
-        lock = self._lock
+        viewed = []
+        lock = self.lock
         lock.acquire()
         try:
             if self._pinned:
                 self._unpin_listed_locked(memory_objs)
             ranges = []
             for obj in memory_objs:
-                if not obj.valid or self._closed:  # type: ignore[attr-defined]
+                if not obj.valid or self.closed:  # type: ignore[attr-defined]
                     stale.append(obj)
                     continue
                 obj.valid = False  # type: ignore[attr-defined]
-                obj._raw = None  # type: ignore[attr-defined]
-                ranges.append((obj._off, obj._phy))  # type: ignore[attr-defined]
+                if obj.lease is None:  # type: ignore[attr-defined]
+                    obj._raw = None  # type: ignore[attr-defined]
+                    ranges.append((obj.offset, obj.phy))  # type: ignore[attr-defined]
+                elif self._retire_locked(obj):  # type: ignore[arg-type]
+                    viewed.append(obj)
             if ranges:
                 self.address_manager.batched_free_locked(ranges)
         finally:
@@ -279,6 +304,8 @@ class TensorMemoryAllocator(PlacementPolicy):
         # Reported once everything valid is freed (strict mode raises here).
         for obj in stale:
             self._report_already_freed(obj)
+        for obj in viewed:
+            self._report_views_outlive(obj)
 
     def memcheck(self) -> bool:
         """Verify every invariant of the pool.
@@ -291,7 +318,7 @@ class TensorMemoryAllocator(PlacementPolicy):
         Returns:
             True when all hold; on failure the broken invariant is logged.
         """
-        lock = self._lock
+        lock = self.lock
         lock.acquire()
         try:
             self._drain_dropped_locked()
@@ -299,6 +326,8 @@ class TensorMemoryAllocator(PlacementPolicy):
             problems = [f"address manager: {p}" for p in am.problems_locked()]
             if am.get_heap_size() > self._arena_size:
                 problems.append(f"address space {am.get_heap_size()} exceeds the buffer")
+            if not 0 <= self._held_count <= am.num_allocations():
+                problems.append(f"{self._held_count} view-held ranges, more than allocated")
             if not 0 <= self._pinned <= am.num_allocations():
                 problems.append(f"pin counter {self._pinned} out of range")
         finally:
@@ -313,5 +342,14 @@ class TensorMemoryAllocator(PlacementPolicy):
         return (
             f"<TensorMemoryAllocator {am.get_heap_size()} bytes, "
             f"{am.num_allocations()} objects, {am.total_allocated_size} bytes used"
-            f"{', closed' if self._closed else ''}>"
+            f"{', closed' if self.closed else ''}>"
         )
+
+
+def _build(tensor: torch.Tensor, byte_view: memoryview | None, spec: PlacementSpec) -> Any:
+    return TensorMemoryAllocator(
+        tensor, spec.align_bytes, spec.init_address_space, byte_view=byte_view
+    )
+
+
+register_policy("extent", _build)

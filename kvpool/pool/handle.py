@@ -7,13 +7,14 @@ import operator
 import threading
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from kvpool.errors import (
     FeatureUnavailableError,
+    GroupIndexError,
     InvalidArgumentError,
     InvalidHandleError,
-    PoolClosedError,
     RefCountError,
 )
 from kvpool.formats import MemoryFormat
@@ -25,34 +26,21 @@ from kvpool.pool.objects import MemoryObj
 if TYPE_CHECKING:
     from kvpool.pool.interface import MemoryAllocatorInterface
 
-__all__ = ["TensorMemoryObj"]
+__all__ = ["TensorMemoryObj", "new_pooled_handle"]
 
 logger = logging.getLogger("kvpool")
 
 
-def _dead_view(obj: TensorMemoryObj, what: str) -> InvalidHandleError:
-    pool = obj._pool
-    if pool is not None and pool._closed:
-        return PoolClosedError(f"{what} of {obj!r}: its pool was closed")
-    return InvalidHandleError(
-        f"{what} of a freed memory object {obj!r}; its memory may belong to another object now"
-    )
+def _dead_view(obj: TensorMemoryObj, what: str) -> Exception:
+    owner = obj.owner
+    if owner is not None:
+        return owner.dead_handle_error(obj, what)
+    return InvalidHandleError(f"{what} of a freed memory object {obj!r}")
 
 
 def _dead(obj: TensorMemoryObj, action: str) -> None:
-    pool = obj._pool
-    if pool is not None and pool._closed:
-        report(
-            PoolClosedError,
-            f"{action} on a freed memory object ({obj!r}): its pool was closed; "
-            "the call was ignored",
-        )
-        return
-    report(
-        InvalidHandleError,
-        f"{action} on a freed memory object ({obj!r}); the call was ignored. "
-        "Keep a reference count for as long as you use the object.",
-    )
+    error = _dead_view(obj, action)
+    report(type(error), f"{error}; the call was ignored")
 
 
 class TensorMemoryObj(MemoryObj):
@@ -72,20 +60,24 @@ class TensorMemoryObj(MemoryObj):
             has no dtype.
     """
 
+    # Slots without an underscore are the policy-facing fields of
+    # kvpool.pool.contract.PooledHandle; the others are the handle's own.
     __slots__ = (
-        "_dirty",
+        "_l1_manager",
         "_lock",
-        "_meta",
         "_mv",
         "_nbytes",
-        "_off",
-        "_page",
-        "_phy",
-        "_pool",
         "_raw",
         "_size",
         "_used_size_override",
+        "dirty",
+        "lease",
+        "offset",
+        "owner",
+        "page",
         "parent_allocator",
+        "phy",
+        "record",
         "valid",
     )
 
@@ -106,45 +98,47 @@ class TensorMemoryObj(MemoryObj):
             )
         if metadata.dtype is None:
             raise InvalidArgumentError("a TensorMemoryObj needs metadata with a dtype")
-        self._meta = metadata
+        self.record = metadata
         self.valid = True
         self.parent_allocator = parent_allocator
-        self._pool: Any = None
+        self.owner: Any = None
         # Re-entrant: the parent's free() may call back into this object.
         self._lock: Any = threading.RLock()
-        self._off = 0
-        self._page = -1
-        self._phy = metadata.phy_size
+        self.offset = 0
+        self.page = -1
+        self.phy = metadata.phy_size
         self._nbytes = metadata.get_size()
         self._size = self._nbytes
         self._used_size_override: int | None = None
         self._raw: torch.Tensor | None = raw_data
         self._mv: memoryview | None = None
-        self._dirty = True
+        self.lease: Any = None
+        self._l1_manager: Any = None
+        self.dirty = True
 
     # -- metadata ------------------------------------------------------
 
     @property
     def meta(self) -> MemoryObjMetadata:  # type: ignore[override]
         """The metadata (a pooled handle that exposed it gets fresh metadata on reuse)."""
-        self._dirty = True
-        return self._meta
+        self.dirty = True
+        return self.record
 
     @meta.setter
     def meta(self, value: MemoryObjMetadata) -> None:
-        self._dirty = True
-        self._meta = value
+        self.dirty = True
+        self.record = value
 
     @property
     def metadata(self) -> MemoryObjMetadata:
         """Same as :attr:`meta`."""
-        self._dirty = True
-        return self._meta
+        self.dirty = True
+        return self.record
 
     @property
     def group_prefix_sum(self) -> list[int]:
         """Byte offsets of the groups: ``[0, end of group 0, end of group 1, ...]``."""
-        meta = self._meta
+        meta = self.record
         sums = [0]
         if meta.shapes is not None and meta.dtypes is not None:
             for shape, dtype in zip(meta.shapes, meta.dtypes, strict=True):
@@ -159,8 +153,8 @@ class TensorMemoryObj(MemoryObj):
 
     def is_valid(self) -> bool:
         """True while the object owns its memory (False once freed or its pool closed)."""
-        pool = self._pool
-        return self.valid and (pool is None or not pool._closed)
+        owner = self.owner
+        return self.valid and (owner is None or not owner.closed)
 
     def __del__(self) -> None:
         # The garbage-collection backstop: an object dropped without
@@ -168,11 +162,11 @@ class TensorMemoryObj(MemoryObj):
         if not self.valid:
             return
         try:
-            pool = self._pool
+            pool = self.owner
             if pool is not None:
-                pool._release_dropped(self)
+                pool.release_dropped(self)
             elif self.parent_allocator is not None:
-                meta = self._meta
+                meta = self.record
                 logger.warning(
                     "memory object %s garbage-collected with ref_count=%d, pin_count=%d; "
                     "freeing it (ref_count_down()/unpin() was not called)",
@@ -203,49 +197,48 @@ class TensorMemoryObj(MemoryObj):
         """
         if isinstance(n, bool) or not isinstance(n, int):
             raise InvalidArgumentError(f"set_used_size: n must be an int, got {n!r}")
-        if n < 0 or n > self._phy:
+        if n < 0 or n > self.phy:
             raise InvalidArgumentError(
-                f"set_used_size: n={n} is out of range [0, {self._phy}] "
-                "(the object's physical size)"
+                f"set_used_size: n={n} is out of range [0, {self.phy}] (the object's physical size)"
             )
         lock = self._lock
         lock.acquire()
         try:
             self._used_size_override = n
             self._size = n
-            self._dirty = True
+            self.dirty = True
         finally:
             lock.release()
 
     def get_shape(self) -> torch.Size:
         """Logical shape of the first group."""
-        return self._meta.shape
+        return self.record.shape
 
     def get_dtype(self) -> torch.dtype:
         """Logical dtype of the first group."""
-        return self._meta.dtype  # type: ignore[return-value]
+        return self.record.dtype  # type: ignore[return-value]
 
     def get_shapes(self) -> list[torch.Size]:
         """Shapes of every group."""
-        meta = self._meta
+        meta = self.record
         return list(meta.shapes) if meta.shapes is not None else [meta.shape]
 
     def get_dtypes(self) -> list[torch.dtype]:
         """Dtypes of every group."""
-        meta = self._meta
+        meta = self.record
         return list(meta.dtypes) if meta.dtypes is not None else [meta.dtype]  # type: ignore[list-item]
 
     def get_memory_format(self) -> MemoryFormat:
         """The object's :class:`MemoryFormat`."""
-        return self._meta.fmt
+        return self.record.fmt
 
     def get_physical_size(self) -> int:
         """Bytes reserved for the object, alignment included."""
-        return self._phy
+        return self.phy
 
     def get_num_tokens(self) -> int:
         """Size of the token dimension of the object's format."""
-        meta = self._meta
+        meta = self.record
         return meta.shape[meta.fmt.token_dim()]
 
     # -- counting ------------------------------------------------------
@@ -261,7 +254,7 @@ class TensorMemoryObj(MemoryObj):
             if not self.is_valid():
                 _dead(self, "ref_count_up")
                 return
-            self._meta.ref_count += 1
+            self.record.ref_count += 1
         finally:
             lock.release()
 
@@ -274,11 +267,11 @@ class TensorMemoryObj(MemoryObj):
         lock = self._lock
         lock.acquire()
         try:
-            pool = self._pool
-            if not self.valid or (pool is not None and pool._closed):
+            pool = self.owner
+            if not self.valid or (pool is not None and pool.closed):
                 _dead(self, "ref_count_down")
                 return
-            meta = self._meta
+            meta = self.record
             count = meta.ref_count - 1
             if count > 0:
                 meta.ref_count = count
@@ -286,7 +279,7 @@ class TensorMemoryObj(MemoryObj):
                 meta.ref_count = 0
                 if meta.pin_count <= 0:
                     if pool is not None:
-                        pool._release_locked(self)
+                        pool.release_locked(self)
                     else:
                         self._free_locked()
             else:
@@ -299,16 +292,16 @@ class TensorMemoryObj(MemoryObj):
             lock.release()
 
     def _free_locked(self) -> None:
-        pool = self._pool
+        pool = self.owner
         if pool is not None:
-            pool._release_locked(self)
+            pool.release_locked(self)
         elif self.parent_allocator is not None:
             self.parent_allocator.free(self)
             self.valid = False
 
     def get_ref_count(self) -> int:
         """Current reference count."""
-        return self._meta.ref_count
+        return self.record.ref_count
 
     def pin(self) -> bool:
         """Pin the object so that it cannot be evicted.
@@ -322,10 +315,10 @@ class TensorMemoryObj(MemoryObj):
             if not self.is_valid():
                 _dead(self, "pin")
                 return False
-            meta = self._meta
+            meta = self.record
             meta.pin_count += 1
-            if meta.pin_count == 1 and self._pool is not None:
-                self._pool._pinned += 1
+            if meta.pin_count == 1 and self.owner is not None:
+                self.owner.pin_changed_locked(1)
             # Under the lock, so that a concurrent unpin is recorded after it.
             PinMonitor.GetOrCreate().on_pin(self)
         finally:
@@ -344,7 +337,7 @@ class TensorMemoryObj(MemoryObj):
             if not self.is_valid():
                 _dead(self, "unpin")
                 return False
-            meta = self._meta
+            meta = self.record
             count = meta.pin_count - 1
             if count < 0:
                 report(
@@ -354,11 +347,11 @@ class TensorMemoryObj(MemoryObj):
                 return False
             meta.pin_count = count
             if count == 0:
-                if self._pool is not None:
-                    self._pool._pinned -= 1
+                if self.owner is not None:
+                    self.owner.pin_changed_locked(-1)
                 PinMonitor.GetOrCreate().on_unpin(self)
                 if meta.ref_count <= 0:
-                    if self._pool is None and self.parent_allocator is None:
+                    if self.owner is None and self.parent_allocator is None:
                         logger.error(
                             "unpin of %s: no references and no parent allocator to free it",
                             repr(self),
@@ -372,28 +365,64 @@ class TensorMemoryObj(MemoryObj):
     @property
     def is_pinned(self) -> bool:
         """True while the object is pinned."""
-        return self._meta.pin_count > 0
+        return self.record.pin_count > 0
 
     @property
     def can_evict(self) -> bool:
         """True when the object is not pinned and holds exactly one reference."""
-        meta = self._meta
+        meta = self.record
         return meta.pin_count <= 0 and meta.ref_count == 1
 
     # -- views ---------------------------------------------------------
+    #
+    # A pooled handle's views all derive from its lease's root (see
+    # kvpool.pool.lease), so they keep the allocation's bytes from being
+    # reused; a hand-built handle's views derive from its own tensor.
+
+    def _lease_locked_open(self) -> Any:
+        """The handle's lease, opened on first use (pooled handles only)."""
+        lock = self._lock
+        lock.acquire()
+        try:
+            if not self.is_valid():
+                raise _dead_view(self, "a view")
+            lease = self.lease
+            if lease is None:
+                lease = self.owner.open_lease(self)  # type: ignore[union-attr]
+                self.lease = lease
+            return lease
+        finally:
+            lock.release()
 
     @property
     def raw_data(self) -> torch.Tensor:
-        """The object's bytes as a flat ``uint8`` tensor (its layout size)."""
+        """The object's bytes as a flat ``uint8`` tensor (its layout size).
+
+        Raises:
+            InvalidHandleError: the object was freed (``PoolClosedError``
+                once its pool is closed).
+        """
         raw = self._raw
-        pool = self._pool
-        if raw is not None and (pool is None or (self.valid and not pool._closed)):
-            return raw
-        if not self.is_valid():
+        if raw is not None:  # hand-built, or replaced through the setter
+            if self.owner is None or self.is_valid():
+                return raw
             raise _dead_view(self, "raw_data")
-        off = self._off
-        raw = self._pool.buffer[off : off + self._nbytes]
-        self._raw = raw
+        lease = self.lease
+        if lease is not None:
+            raw = lease.raw
+            if raw is not None and self.valid:
+                return raw
+        if self.owner is None:
+            raise _dead_view(self, "raw_data")
+        lease = self._lease_locked_open()
+        raw = lease.raw
+        if raw is None:
+            root = lease.root
+            if root is None:  # the pool was closed meanwhile
+                raise _dead_view(self, "raw_data")
+            whole = torch.from_numpy(root) if isinstance(root, np.ndarray) else root
+            raw = whole[: self._nbytes]
+            lease.raw = raw
         return raw
 
     @raw_data.setter
@@ -404,7 +433,10 @@ class TensorMemoryObj(MemoryObj):
             )
         self._raw = value
         self._mv = None  # views now come from the new tensor
-        self._dirty = True
+        lease = self.lease
+        if lease is not None:
+            lease.mv = None  # so byte_array stops using the pool's bytes
+        self.dirty = True
 
     @property
     def raw_tensor(self) -> torch.Tensor | None:
@@ -420,20 +452,36 @@ class TensorMemoryObj(MemoryObj):
 
         After :meth:`set_used_size` it is a flat ``uint8`` view of the used
         bytes.  None, with a warning, once the object is freed.
+
+        Raises:
+            InvalidArgumentError: the object has several groups of
+                different dtypes or shapes (use :meth:`get_tensor`).
         """
         if not self.is_valid():
             logger.warning("tensor of a freed memory object %s", repr(self))
             return None
+        raw = self.raw_data
         if self._used_size_override is not None:
-            return self._bytes_tensor(self._used_size_override)
-        meta = self._meta
-        return self.raw_data[: self._size].view(meta.dtype).view(meta.shape)  # type: ignore[arg-type]
+            return self._used_bytes_tensor(raw, self._used_size_override)
+        meta = self.record
+        shapes = meta.shapes
+        if shapes is not None and len(shapes) > 1:
+            raise InvalidArgumentError(
+                f"{self!r} has {len(shapes)} groups ({shapes}); it has no single tensor: "
+                "view each group with get_tensor(i)"
+            )
+        return raw[: self._size].view(meta.dtype).view(meta.shape)  # type: ignore[arg-type]
 
-    def _bytes_tensor(self, n: int) -> torch.Tensor:
-        pool = self._pool
-        if pool is not None and self._mv is not None:
-            return pool.buffer[self._off : self._off + n]
-        return self.raw_data.view(torch.uint8).flatten()[:n]
+    def _used_bytes_tensor(self, raw: torch.Tensor, n: int) -> torch.Tensor:
+        """The first ``n`` bytes, which may run past the layout into the aligned tail."""
+        lease = self.lease
+        if self._raw is None and lease is not None and n > self._nbytes:
+            root = lease.root
+            if root is None:
+                raise _dead_view(self, "tensor")
+            whole = torch.from_numpy(root) if isinstance(root, np.ndarray) else root
+            return whole[:n]
+        return raw.view(torch.uint8).flatten()[:n]
 
     def get_tensor(self, index: int) -> torch.Tensor | None:
         """Group ``index`` viewed with its shape and dtype (zero-copy).
@@ -442,7 +490,7 @@ class TensorMemoryObj(MemoryObj):
             The tensor, or None (with a warning) once the object is freed.
 
         Raises:
-            IndexError: no such group.
+            InvalidArgumentError: ``index`` is not an int or names no group.
         """
         if not self.is_valid():
             logger.warning("get_tensor of a freed memory object %s", repr(self))
@@ -456,7 +504,7 @@ class TensorMemoryObj(MemoryObj):
                 f"group index must be an int, got {type(index).__name__} {index!r}"
             ) from None
         if not -len(shapes) <= index < len(shapes):
-            raise IndexError(
+            raise GroupIndexError(
                 f"group index {index} is out of range: the object has {len(shapes)} group(s)"
             )
         index %= len(shapes)
@@ -467,24 +515,30 @@ class TensorMemoryObj(MemoryObj):
     def byte_array(self) -> memoryview:
         """The data as a writable 1-D ``memoryview`` of format ``'B'`` (zero-copy).
 
-        Exactly ``get_size()`` bytes.  The view keeps the pool's memory
-        mapped while it exists.  Costs one slice: no per-size type is
-        created or cached.
+        Exactly ``get_size()`` bytes.  The view (and anything derived from
+        it) keeps the object's bytes from being reused until it is released
+        or garbage-collected, even past the object's free.  Costs one slice:
+        no per-size type is created or cached.
 
         Raises:
-            InvalidHandleError: the object was freed.
+            InvalidHandleError: the object was freed (``PoolClosedError``
+                once its pool is closed).
             FeatureUnavailableError: the object lives in device memory.
         """
-        mv = self._mv
-        if mv is not None and self.valid:
-            off = self._off
-            try:
-                return mv[off : off + self._size]
-            except ValueError:  # the pool released its view: it was closed
-                pass
+        lease = self.lease
+        if lease is not None:
+            mv = lease.mv
+            if mv is not None:
+                return mv[: self._size]
         return self._byte_array_slow()
 
     def _byte_array_slow(self) -> memoryview:
+        if self._raw is None and self.owner is not None:
+            lease = self._lease_locked_open()
+            if lease.mv is not None:
+                return lease.mv[: self._size]
+            if lease.root is None:
+                raise _dead_view(self, "byte_array")
         if not self.is_valid():
             raise _dead_view(self, "byte_array")
         raw = self.raw_data
@@ -493,27 +547,27 @@ class TensorMemoryObj(MemoryObj):
                 f"byte_array needs host memory; {self!r} lives on {raw.device}. "
                 "Copy it to a host pool first."
             )
-        flat = raw.view(torch.uint8).flatten()
-        view = memoryview(flat.numpy())
-        if self._pool is None:
-            # Cache for hand-built objects (their own tensor, offset 0).
-            self._mv = view
-            self._off = 0
-        return view[: self._size]
+        mv = self._mv
+        if mv is None:
+            mv = memoryview(raw.view(torch.uint8).flatten().numpy())
+            self._mv = mv
+        return mv[: self._size]
 
     @property
     def data_ptr(self) -> int:
         """Address of the object's first byte.
+
+        A plain integer holds no lease: use it only while you hold a
+        reference count or a view.
 
         Raises:
             InvalidHandleError: the object was freed.
         """
         if not self.is_valid():
             raise _dead_view(self, "data_ptr")
-        pool = self._pool
-        if pool is not None and self._mv is not None:
-            return pool.base_address + self._off
-        return self.raw_data.data_ptr()
+        if self._raw is not None:
+            return self._raw.data_ptr()
+        return self.owner.base_address + self.offset  # type: ignore[union-attr]
 
     @property
     def shm_offset(self) -> int:
@@ -522,49 +576,67 @@ class TensorMemoryObj(MemoryObj):
         Unlike ``meta.address`` (a page *index* in paged pools) this is
         always a byte offset, usable with ``attach`` from another process.
         """
-        return self._off if self._pool is not None else self._meta.address
+        return self.offset if self.owner is not None else self.record.address
 
     def parent(self) -> MemoryAllocatorInterface | None:
         """The allocator the object came from."""
         return self.parent_allocator
 
     def __repr__(self) -> str:
-        state = "live" if self.valid else "freed"
-        meta = self._meta
+        owner = self.owner
+        if not self.valid:
+            state = "freed"
+        elif owner is not None and owner.closed:
+            state = "freed (pool closed)"
+        else:
+            state = "live"
+        meta = self.record
         return (
             f"<TensorMemoryObj {state} address={meta.address} size={self._size} "
             f"ref={meta.ref_count} pin={meta.pin_count} fmt={meta.fmt.name}>"
         )
 
 
-def _new_pooled(
-    pool: Any,
+def new_pooled_handle(
+    owner: Any,
     meta: MemoryObjMetadata,
-    off: int,
+    offset: int,
     phy: int,
     nbytes: int,
     page: int = -1,
 ) -> TensorMemoryObj:
-    """Build a pooled handle without the public constructor's checks.
+    """The policy-facing factory: a pooled handle without the public constructor's checks.
 
-    The pool has already validated everything; this is the allocation hot
-    path, so it only stores the fields.
+    Args:
+        owner: the policy that placed the allocation (a
+            :class:`~kvpool.pool.contract.HandleOwner`); also the handle's
+            ``parent_allocator``.
+        meta: the handle's metadata (reference count 1).
+        offset: byte offset of the allocation in the owner's memory.
+        phy: bytes reserved (aligned).
+        nbytes: bytes of the layout (the object's size).
+        page: the page index in a paged pool, else -1.
+
+    The owner has validated everything; this is the allocation hot path, so
+    it only stores the fields (see :mod:`kvpool.pool.contract`).
     """
     obj = _new_obj(TensorMemoryObj)
-    obj._meta = meta
+    obj.record = meta
     obj.valid = True
-    obj.parent_allocator = pool
-    obj._pool = pool
-    obj._lock = pool._lock
-    obj._off = off
-    obj._page = page
-    obj._phy = phy
+    obj.parent_allocator = owner
+    obj.owner = owner
+    obj._lock = owner.lock
+    obj.offset = offset
+    obj.page = page
+    obj.phy = phy
     obj._nbytes = nbytes
     obj._size = nbytes
     obj._used_size_override = None
     obj._raw = None
-    obj._mv = pool._mv
-    obj._dirty = False
+    obj._mv = None
+    obj.lease = None
+    obj._l1_manager = None
+    obj.dirty = False
     return obj
 
 

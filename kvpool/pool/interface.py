@@ -20,13 +20,17 @@ class PoolStats:
 
     Attributes:
         total_bytes: bytes the pool manages.
-        used_bytes: bytes held by live objects (aligned/page sizes).
+        used_bytes: bytes not free: held by live objects (aligned/page
+            sizes) and by views of freed ones.
         free_bytes: ``total_bytes - used_bytes``.
         active_objects: live objects.
         pinned_objects: live objects with a pin count above zero.
         largest_free_block: largest allocation that can succeed now, in bytes.
         fragmentation: ``1 - largest_free_block / free_bytes`` (0 when the
             free space is one block or there is none).
+        held_by_views_bytes: of ``used_bytes``, the bytes of freed objects
+            that views (``byte_array``, tensors) still hold; they become
+            free when the last view is gone.
     """
 
     total_bytes: int
@@ -36,13 +40,16 @@ class PoolStats:
     pinned_objects: int
     largest_free_block: int
     fragmentation: float
+    held_by_views_bytes: int = 0
 
     @staticmethod
-    def build(total: int, used: int, active: int, pinned: int, largest: int) -> PoolStats:
+    def build(
+        total: int, used: int, active: int, pinned: int, largest: int, held_by_views: int = 0
+    ) -> PoolStats:
         """Fill in the derived fields."""
         free = total - used
         frag = 1.0 - largest / free if free > 0 else 0.0
-        return PoolStats(total, used, free, active, pinned, largest, max(0.0, frag))
+        return PoolStats(total, used, free, active, pinned, largest, max(0.0, frag), held_by_views)
 
 
 class MemoryAllocatorInterface(metaclass=abc.ABCMeta):

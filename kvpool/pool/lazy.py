@@ -19,11 +19,13 @@ import logging
 import threading
 from typing import Any
 
-from kvpool.errors import InvalidArgumentError
+from kvpool.checks import check_bool, check_int, check_keywords, check_size
 from kvpool.native.numa import NUMAMapping, resolve_numa_node
+from kvpool.native.spec import HostSpec
 from kvpool.pool.address import AddressManager
 from kvpool.pool.backing import HostBacking, default_hugepages
-from kvpool.pool.pools import MemoryPool, build_policy, check_align_bytes
+from kvpool.pool.policy import PlacementSpec
+from kvpool.pool.pools import MemoryPool, check_align_bytes
 
 __all__ = ["LazyMemoryAllocator"]
 
@@ -69,26 +71,24 @@ class LazyMemoryAllocator(MemoryPool):
         start: bool = True,
         **kwargs: Any,
     ) -> None:
-        for name, value in (("size", size), ("step_size", step_size)):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise InvalidArgumentError(
-                    f"{name} must be a positive number of bytes, got {value!r}"
-                )
+        check_keywords("LazyMemoryAllocator()", kwargs, ())
+        check_size("size", size)
+        check_size("step_size", step_size)
         check_align_bytes(align_bytes)
         if init_size is None:
             init_size = min(size, 1 << 30)
-        bad_init = isinstance(init_size, bool) or not isinstance(init_size, int)
-        if bad_init or not 0 < init_size <= size:
-            raise InvalidArgumentError(
-                f"init_size must be in (0, size={size}] bytes, got {init_size!r}"
-            )
-        backing = HostBacking(
+        check_int("init_size", init_size, low=1, high=size, fix="0 < init_size <= size")
+        # Reserved, not populated: the growth commits (populates and pins) it.
+        spec = HostSpec(
             size,
             pin="none",
             populate=False,
             numa_node=resolve_numa_node(numa_mapping),
-            hugepages="required" if use_hugepages else default_hugepages(),
+            hugepages="required"
+            if check_bool("use_hugepages", use_hugepages)
+            else default_hugepages(),
         )
+        backing = HostBacking(spec)
         try:
             page = backing.buffer.page_size
             # Growth works in whole pages that are also whole alignment units.
@@ -97,18 +97,23 @@ class LazyMemoryAllocator(MemoryPool):
             self._step = _round_up(step_size, unit)
             first = min(_round_up(init_size, unit), self._target)
             backing.buffer.commit(0, first)
-            policy = build_policy(
-                backing, False, align_bytes=align_bytes, init_address_space=min(first, size)
-            )
         except BaseException:
             backing.close()
             raise
+        placement = PlacementSpec(
+            "extent", align_bytes=align_bytes, init_address_space=min(first, size)
+        )
         self._committed = first
         self._stop = threading.Event()
         self._done = threading.Event()
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
-        super().__init__(backing, policy, byte_buffers=byte_buffers, name="LazyMemoryAllocator")
+        super().__init__(
+            backing,
+            placement,
+            byte_buffers=check_bool("byte_buffers", byte_buffers),
+            name="LazyMemoryAllocator",
+        )
         if self._committed >= self._target:
             self._done.set()
         elif start:

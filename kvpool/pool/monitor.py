@@ -156,7 +156,7 @@ class PinMonitor:
         """
         with self._cond:
             keys = [
-                k for k, (obj, _) in self._pinned.items() if getattr(obj, "_pool", None) is owner
+                k for k, (obj, _) in self._pinned.items() if getattr(obj, "owner", None) is owner
             ]
             for key in keys:
                 del self._pinned[key]

@@ -16,9 +16,9 @@ reference allocation, so handles are *recycled*, but only when provably
 unreachable: a freed page is queued together with the handle it was last
 allocated with, and the next allocation of the page reuses that handle
 only if nothing but the queue references it (``sys.getrefcount``) and its
-metadata was never exposed or changed (the ``_dirty`` flag, set by
+metadata was never exposed or changed (the ``dirty`` flag, set by
 ``meta``, ``metadata``, ``set_used_size``, ``raw_data =`` or a
-non-default layout).  Otherwise a fresh handle with fresh metadata is
+non-default layout) and holds no view lease.  Otherwise a fresh handle with fresh metadata is
 built.  Either way the new owner gets a handle nobody else can reach,
 with every per-allocation field (shape, dtypes, format, counts, used
 size, partial-chunk size) as it asked.  Live handles are referenced only
@@ -40,11 +40,19 @@ import torch
 from kvpool.errors import InvalidArgumentError
 from kvpool.formats import MemoryFormat, normalize_layout
 from kvpool.pool.arena import arena_from_tensor
-from kvpool.pool.handle import TensorMemoryObj, _new_pooled
+from kvpool.pool.handle import TensorMemoryObj, new_pooled_handle
 from kvpool.pool.interface import PoolStats
+from kvpool.pool.lease import ViewLease
 from kvpool.pool.metadata import MemoryObjMetadata
 from kvpool.pool.objects import MemoryObj
-from kvpool.pool.policy import PlacementPolicy, check_batch_size, check_format, check_object_list
+from kvpool.pool.policy import (
+    PlacementPolicy,
+    PlacementSpec,
+    check_batch_size,
+    check_format,
+    check_object_list,
+    register_policy,
+)
 
 __all__ = ["PagedAddressManager", "PagedTensorMemoryAllocator"]
 
@@ -95,6 +103,8 @@ class PagedTensorMemoryAllocator(PlacementPolicy):
     forms are O(k).
     """
 
+    kind = "paged"
+
     def __init__(
         self,
         tensor: torch.Tensor,
@@ -124,7 +134,7 @@ class PagedTensorMemoryAllocator(PlacementPolicy):
         self.align_bytes = page
         self._num_pages = arena.size // page
         # Free pages in FIFO order.  Each entry is the handle the page was
-        # last allocated with (its ``_page`` says which page), or the page
+        # last allocated with (its ``page`` says which page), or the page
         # number itself when no handle may be recycled.  The queue is
         # consumed from _head, so a batch is taken by slicing at C speed,
         # and compacted once the consumed prefix outgrows the rest.  FIFO
@@ -159,8 +169,8 @@ class PagedTensorMemoryAllocator(PlacementPolicy):
 
     @property
     def num_active_allocations(self) -> int:
-        """Pages in use (exact: derived from the free queue)."""
-        return self._num_pages - self._free_count()
+        """Pages of live objects (derived from the free queue, less pages only views hold)."""
+        return self._num_pages - self._free_count() - self._held_count
 
     @property
     def total_allocated_size(self) -> int:
@@ -175,7 +185,7 @@ class PagedTensorMemoryAllocator(PlacementPolicy):
     @property
     def free_blocks(self) -> list[int]:
         """Snapshot of the free page indices, in the order they will be reused."""
-        return [e if e.__class__ is int else e._page for e in self._queue[self._head :]]  # type: ignore[union-attr]
+        return [e if e.__class__ is int else e.page for e in self._queue[self._head :]]  # type: ignore[union-attr]
 
     @property
     def paged_buffers(self) -> tuple[torch.Tensor, ...]:
@@ -186,7 +196,7 @@ class PagedTensorMemoryAllocator(PlacementPolicy):
 
     def stats(self) -> PoolStats:
         """A consistent snapshot of the pool's accounting (see :class:`PoolStats`)."""
-        lock = self._lock
+        lock = self.lock
         lock.acquire()
         try:
             self._drain_dropped_locked()
@@ -197,10 +207,11 @@ class PagedTensorMemoryAllocator(PlacementPolicy):
                 self.buffer_size,
                 used * self.align_bytes,
                 free * self.align_bytes,
-                used,
+                used - self._held_count,
                 self._pinned,
                 self.align_bytes if free else 0,
                 0.0,
+                self._held_bytes,
             )
         finally:
             lock.release()
@@ -253,9 +264,9 @@ class PagedTensorMemoryAllocator(PlacementPolicy):
             list(shape_list),
             list(dtype_list),
         )
-        obj = _new_pooled(self, meta, page * self.align_bytes, self.align_bytes, nbytes, page)
+        obj = new_pooled_handle(self, meta, page * self.align_bytes, self.align_bytes, nbytes, page)
         # Only a handle in the page's default state may be recycled as is.
-        obj._dirty = not default or fmt is not self.fmt
+        obj.dirty = not default or fmt is not self.fmt
         return obj
 
     def allocate(
@@ -293,10 +304,10 @@ class PagedTensorMemoryAllocator(PlacementPolicy):
         if fmt.__class__ is not MemoryFormat:
             check_format(fmt)
         clean = default and fmt is self.fmt
-        lock = self._lock
+        lock = self.lock
         lock.acquire()
         try:
-            if self._closed:
+            if self.closed:
                 self._check_open("allocate")
             queue = self._queue
             head = self._head
@@ -314,11 +325,11 @@ class PagedTensorMemoryAllocator(PlacementPolicy):
             self._head = head
             # References to a recyclable handle: the local variable and
             # getrefcount's argument; page numbers are never recycled).
-            if clean and obj.__class__ is _TMO and _getrefcount(obj) == 2 and not obj._dirty:  # type: ignore[union-attr]
+            if clean and obj.__class__ is _TMO and _getrefcount(obj) == 2 and not obj.dirty:  # type: ignore[union-attr]
                 obj.valid = True  # type: ignore[union-attr]
-                obj._meta.ref_count = 1  # type: ignore[union-attr]
+                obj.record.ref_count = 1  # type: ignore[union-attr]
                 return obj  # type: ignore[return-value]
-            page = obj if obj.__class__ is int else obj._page  # type: ignore[union-attr]
+            page = obj if obj.__class__ is int else obj.page  # type: ignore[union-attr]
             return self._fresh(page, shape_list, dtype_list, nbytes, fmt, default)  # type: ignore[arg-type]
         finally:
             lock.release()
@@ -347,10 +358,10 @@ class PagedTensorMemoryAllocator(PlacementPolicy):
         check_format(fmt)
         check_batch_size(batch_size)
         clean = default and fmt is self.fmt
-        lock = self._lock
+        lock = self.lock
         lock.acquire()
         try:
-            if self._closed:
+            if self.closed:
                 self._check_open("batched_allocate")
             if self._free_count() < batch_size:
                 self._drain_dropped_locked()
@@ -362,10 +373,10 @@ class PagedTensorMemoryAllocator(PlacementPolicy):
                 # clean (references: the list, the loop variable and
                 # getrefcount's argument; page numbers are never recycled).
                 for obj in out:
-                    if obj.__class__ is not _TMO or _getrefcount(obj) != 3 or obj._dirty:  # type: ignore[union-attr]
+                    if obj.__class__ is not _TMO or _getrefcount(obj) != 3 or obj.dirty:  # type: ignore[union-attr]
                         break
                     obj.valid = True  # type: ignore[union-attr]
-                    obj._meta.ref_count = 1  # type: ignore[union-attr]
+                    obj.record.ref_count = 1  # type: ignore[union-attr]
                 else:
                     return out  # type: ignore[return-value]
                 first = out.index(obj)
@@ -374,11 +385,11 @@ class PagedTensorMemoryAllocator(PlacementPolicy):
             # Slow pass from the first handle that cannot be recycled.
             for i in range(first, batch_size):
                 obj = out[i]
-                if clean and obj.__class__ is _TMO and _getrefcount(obj) == 3 and not obj._dirty:  # type: ignore[union-attr]
+                if clean and obj.__class__ is _TMO and _getrefcount(obj) == 3 and not obj.dirty:  # type: ignore[union-attr]
                     obj.valid = True  # type: ignore[union-attr]
-                    obj._meta.ref_count = 1  # type: ignore[union-attr]
+                    obj.record.ref_count = 1  # type: ignore[union-attr]
                 else:
-                    page = obj if obj.__class__ is int else obj._page  # type: ignore[union-attr]
+                    page = obj if obj.__class__ is int else obj.page  # type: ignore[union-attr]
                     out[i] = self._fresh(page, shape_list, dtype_list, nbytes, fmt, default)  # type: ignore[arg-type]
             return out  # type: ignore[return-value]
         finally:
@@ -386,16 +397,29 @@ class PagedTensorMemoryAllocator(PlacementPolicy):
 
     # -- release -------------------------------------------------------
 
-    def _release_locked(self, obj: TensorMemoryObj) -> None:
-        """Queue ``obj``'s page (with ``obj`` for recycling); the caller holds the lock."""
-        obj.valid = False
-        self._queue.append(obj)
+    def release_locked(self, handle: TensorMemoryObj) -> None:
+        """Queue ``handle``'s page (with ``handle`` for recycling); the caller holds the lock.
+
+        With views of it alive, the page waits for them (see
+        :mod:`kvpool.pool.policy`).
+        """
+        handle.valid = False
+        if handle.lease is None:
+            self._queue.append(handle)
+        elif self._retire_locked(handle):
+            self._report_views_outlive(handle)
 
     def _release_garbage_locked(self, obj: TensorMemoryObj) -> None:
         # The handle is being destroyed: queue its page without it (storing
         # it would resurrect it, and its finalizer never runs twice).
         obj.valid = False
-        self._queue.append(obj._page)
+        if obj.lease is None:
+            self._queue.append(obj.page)
+        else:
+            self._retire_locked(obj)
+
+    def _give_back_locked(self, lease: ViewLease) -> None:
+        self._queue.append(lease.page)
 
     def batched_free(
         self,
@@ -418,46 +442,49 @@ class PagedTensorMemoryAllocator(PlacementPolicy):
         if not memory_objs:
             return
         stale = []
-        lock = self._lock
+        viewed = []
+        lock = self.lock
         lock.acquire()
         try:
             if self._pinned:
                 self._unpin_listed_locked(memory_objs)
             queue = self._queue
             put = queue.append
-            before = len(queue)
             try:
-                if self._closed:  # every object of a closed pool is dead
+                if self.closed:  # every object of a closed pool is dead
                     for obj in memory_objs:
                         self._check_owned(obj)
                     stale = memory_objs
                     memory_objs = []
                 for obj in memory_objs:
-                    if obj._pool is self and obj.valid:  # type: ignore[attr-defined]
-                        obj.valid = False  # type: ignore[attr-defined]
-                        put(obj)  # type: ignore[arg-type]
-                    elif obj._pool is self:  # type: ignore[attr-defined]
-                        stale.append(obj)
-                    else:
+                    if obj.owner is not self:  # type: ignore[attr-defined]
                         raise AttributeError
+                    if obj.valid and obj.lease is not None:  # type: ignore[attr-defined]
+                        viewed.append(obj)
+                for obj in memory_objs:
+                    if obj.owner is self and obj.valid:  # type: ignore[attr-defined]
+                        obj.valid = False  # type: ignore[attr-defined]
+                        if obj.lease is None:  # type: ignore[attr-defined]
+                            put(obj)  # type: ignore[arg-type]
+                    elif obj.owner is self:  # type: ignore[attr-defined]
+                        stale.append(obj)
             except AttributeError:
                 # Not ours (another pool's handle, or not a handle at all):
-                # undo this call's frees, so that nothing is freed, and raise.
-                while len(queue) > before:
-                    queue.pop().valid = True  # type: ignore[union-attr]
+                # nothing was freed yet; raise.
                 self._check_owned(obj)
                 raise
+            # Handles with views: their pages wait for the views' leases.
+            viewed = [obj for obj in viewed if self._retire_locked(obj)]
         finally:
             lock.release()
         for obj in stale:
             self._report_already_freed(obj)
+        for obj in viewed:
+            self._report_views_outlive(obj)
 
     # -- lifecycle and checks -----------------------------------------
 
     def _forget_memory_locked(self) -> None:
-        for obj in self._queue:
-            if obj.__class__ is not int:
-                obj._raw = None  # type: ignore[union-attr]
         self._queue = self.free_blocks
         self._head = 0
         self._paged_buffers = None
@@ -472,23 +499,25 @@ class PagedTensorMemoryAllocator(PlacementPolicy):
         Returns:
             True when all hold; on failure the broken invariant is logged.
         """
-        lock = self._lock
+        lock = self.lock
         lock.acquire()
         try:
             self._drain_dropped_locked()
             problems = []
             head = self._head
             entries = self._queue[head:]
-            pages = [e if e.__class__ is int else e._page for e in entries]  # type: ignore[union-attr]
+            pages = [e if e.__class__ is int else e.page for e in entries]  # type: ignore[union-attr]
             if len(set(pages)) != len(pages):
                 problems.append("a page is in the free queue twice")
             if any(not 0 <= p < self._num_pages for p in pages):
                 problems.append("a free page index is out of range")
             for obj in entries:
-                if obj.__class__ is not int and (obj.valid or obj._pool is not self):  # type: ignore[union-attr]
+                if obj.__class__ is not int and (obj.valid or obj.owner is not self):  # type: ignore[union-attr]
                     problems.append(f"queued handle {obj!r} is live or not this pool's")
             if any(e.__class__ is not int for e in self._queue[:head]):
                 problems.append("the consumed part of the queue still holds handles")
+            if not 0 <= self._held_count <= self._num_pages - len(pages):
+                problems.append(f"{self._held_count} view-held pages, more than in use")
             if not 0 <= self._pinned <= self._num_pages - len(pages):
                 problems.append(f"pin counter {self._pinned} out of range")
         finally:
@@ -501,5 +530,24 @@ class PagedTensorMemoryAllocator(PlacementPolicy):
     def __repr__(self) -> str:
         return (
             f"<PagedTensorMemoryAllocator {self._num_pages} pages of {self.align_bytes} bytes, "
-            f"{self.num_active_allocations} in use{', closed' if self._closed else ''}>"
+            f"{self.num_active_allocations} in use{', closed' if self.closed else ''}>"
         )
+
+
+def _build(tensor: torch.Tensor, byte_view: memoryview | None, spec: PlacementSpec) -> Any:
+    missing = [
+        n
+        for n, v in (("shapes", spec.shapes), ("dtypes", spec.dtypes), ("fmt", spec.fmt))
+        if v is None
+    ]
+    if missing:
+        raise InvalidArgumentError(
+            f"a paged pool needs {', '.join(missing)}: pass use_paging=True with "
+            "shapes=[...], dtypes=[...], fmt=MemoryFormat...."
+        )
+    return PagedTensorMemoryAllocator(
+        tensor, spec.shapes, spec.dtypes, spec.fmt, byte_view=byte_view
+    )
+
+
+register_policy("paged", _build)

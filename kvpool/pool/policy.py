@@ -1,51 +1,75 @@
-"""What the two placement policies share: lifecycle, ownership, backstops.
+"""What the placement policies share: lifecycle, ownership, pins, view leases, backstops.
 
 :class:`PlacementPolicy` is the base of
 :class:`~kvpool.pool.extent.TensorMemoryAllocator` and
-:class:`~kvpool.pool.paged.PagedTensorMemoryAllocator`.  A subclass supplies
-the placement (allocate, batched forms, ``_release_locked``, stats,
-memcheck); this class supplies everything around it:
+:class:`~kvpool.pool.paged.PagedTensorMemoryAllocator`, and implements the
+policy side of :mod:`kvpool.pool.contract`.  A subclass supplies the
+placement (allocate, batched forms, :meth:`~PlacementPolicy.release_locked`,
+``_give_back_locked``, stats, memcheck) and registers itself in
+:data:`POLICIES`; this class supplies everything around it:
 
 * **ownership** - a pool frees only handles it made, and each once;
 * **pins** - the pool's pinned-object counter and the monitor calls when a
   pinned object is freed;
+* **views own their allocation** - a handle's views come from a
+  :class:`~kvpool.pool.lease.ViewLease`; when the handle dies while views
+  are alive, its bytes wait for the last view (counted in
+  ``held_by_views_bytes``) and the handle is reported (a warning, or
+  :class:`~kvpool.errors.ViewsOutliveHandleError` in strict mode);
 * **the garbage-collection backstop** - a handle dropped without
   ``ref_count_down`` is released by its ``__del__`` (with a warning), at
   once if the pool's lock is free, else queued and released under the
   lock before the pool next reports full or gives statistics;
-* **close** - refuses new allocations, releases the view handles slice
-  their ``byte_array`` from (so live handles stop holding the memory and
-  their views raise :class:`~kvpool.errors.PoolClosedError`), and drops
-  every reference to the memory.
+* **close** - refuses new allocations, makes every handle dead (their views
+  raise :class:`~kvpool.errors.PoolClosedError`) and drops every reference
+  to the memory the policy and its live handles hold, so the memory goes
+  with the last view made before;
+* **fork** - in a forked child every inherited policy is closed as
+  "inherited": its handles raise
+  :class:`~kvpool.errors.InheritedAcrossForkError` instead of touching the
+  parent's memory (which a pinned pool's child does not even map).
 
-Thread safety: one lock per pool (``_lock``) guards the placement, the
+Thread safety: one lock per pool (``lock``) guards the placement, the
 counts of every object of the pool and the counters.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import weakref
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from kvpool.checks import check_bool
 from kvpool.errors import (
     AddressSpaceExhaustedError,
+    InheritedAcrossForkError,
     InvalidArgumentError,
     InvalidHandleError,
     PoolClosedError,
+    ViewsOutliveHandleError,
 )
 from kvpool.formats import MemoryFormat
 from kvpool.misuse import report
 from kvpool.pool.arena import Arena
 from kvpool.pool.handle import TensorMemoryObj
 from kvpool.pool.interface import MemoryAllocatorInterface
+from kvpool.pool.lease import ViewLease, open_device_lease, open_host_lease
 from kvpool.pool.monitor import PinMonitor
 from kvpool.pool.objects import MemoryObj
 
-__all__ = ["PlacementPolicy"]
+__all__ = [
+    "POLICIES",
+    "PlacementPolicy",
+    "PlacementSpec",
+    "policy_builder",
+    "register_policy",
+]
 
 logger = logging.getLogger("kvpool")
 
@@ -93,8 +117,105 @@ def check_batch_size(batch_size: object) -> int:
     return batch_size  # type: ignore[return-value]
 
 
+@dataclass(frozen=True)
+class PlacementSpec:
+    """Which placement policy a pool uses, and its options.
+
+    Attributes:
+        kind: a name registered with :func:`register_policy`: ``"extent"``
+            (variable-size objects, the default) or ``"paged"`` (one object
+            per fixed-size page).
+        align_bytes: extent alignment, a power of two.
+        init_address_space: extent bytes usable at first (lazy pools), or
+            None for all of the memory.
+        shapes: paged: the layout of a full page, one shape per group.
+        dtypes: paged: the dtypes of the groups.
+        fmt: paged: the objects' default format.
+    """
+
+    kind: str = "extent"
+    align_bytes: int = 4096
+    init_address_space: int | None = None
+    shapes: Any = None
+    dtypes: Any = None
+    fmt: Any = None
+
+    @classmethod
+    def from_reference(
+        cls, use_paging: object, options: dict[str, Any], *, align_bytes: int = 4096
+    ) -> PlacementSpec:
+        """The spec the reference's ``use_paging=`` and keyword arguments describe.
+
+        Raises:
+            InvalidArgumentError: ``use_paging`` is not a bool.
+        """
+        if check_bool("use_paging", use_paging):
+            return cls(
+                "paged",
+                shapes=options.get("shapes"),
+                dtypes=options.get("dtypes"),
+                fmt=options.get("fmt"),
+            )
+        return cls("extent", align_bytes=options.get("align_bytes", align_bytes))
+
+    def build(self, tensor: torch.Tensor, byte_view: memoryview | None) -> PlacementPolicy:
+        """Build the policy over ``tensor`` with the registered builder.
+
+        Raises:
+            InvalidArgumentError: unknown kind, or options the policy refuses.
+        """
+        return policy_builder(self.kind)(tensor, byte_view, self)
+
+
+#: Placement policies by name: builders ``(tensor, byte_view, spec) -> policy``
+#: registered by each policy's module (see :func:`register_policy`).
+POLICIES: dict[str, Callable[..., PlacementPolicy]] = {}
+
+# Every policy of the process, for the fork handler (held weakly).
+_live_policies: weakref.WeakSet[PlacementPolicy] = weakref.WeakSet()
+
+
+def register_policy(name: str, build: Callable[..., PlacementPolicy]) -> None:
+    """Make a placement policy available to pools under ``name``.
+
+    Args:
+        name: what a :class:`PlacementSpec` calls it (``"extent"``, ``"paged"``).
+        build: ``build(tensor, byte_view, spec)`` returning the policy.
+    """
+    POLICIES[name] = build
+
+
+def policy_builder(name: object) -> Callable[..., PlacementPolicy]:
+    """The builder registered under ``name``.
+
+    Raises:
+        InvalidArgumentError: no policy of that name.
+    """
+    build = POLICIES.get(name) if isinstance(name, str) else None
+    if build is None:
+        raise InvalidArgumentError(
+            f"unknown placement policy {name!r}; choose one of {', '.join(sorted(POLICIES))}"
+        )
+    return build
+
+
+def _inherited_by_a_child() -> None:
+    # Runs in a forked child: the parent's policies are not the child's.
+    for policy in list(_live_policies):
+        policy.forget_after_fork()
+
+
+os.register_at_fork(after_in_child=_inherited_by_a_child)
+
+
 class PlacementPolicy(MemoryAllocatorInterface):
-    """Base of the placement policies (see the module docstring)."""
+    """Base of the placement policies (see the module docstring).
+
+    Attributes:
+        kind: the name the policy is registered under.
+    """
+
+    kind = ""
 
     buffer: torch.Tensor
     base_address: int
@@ -103,37 +224,134 @@ class PlacementPolicy(MemoryAllocatorInterface):
         self._arena: Arena | None = arena
         self.buffer = arena.buffer
         self.base_address = arena.base_address
-        # Handles slice byte_array from this view of their own; close()
-        # releases it, so a live handle does not keep the memory mapped.
-        self._mv: memoryview | None = memoryview(arena.view) if arena.view is not None else None
-        self._lock = lock
+        self._view: memoryview | None = arena.view
+        #: The pool's one lock (contract: kvpool.pool.contract.HandleOwner).
+        self.lock = lock
+        #: True once closed, or in a forked child (contract: HandleOwner).
+        self.closed = False
+        self._closed_why = ""
+        #: An object this policy keeps alive: the MemoryPool built on it, so
+        #: that a live handle (which references its policy) keeps its pool.
+        self.keep_alive: Any = None
         self._pinned = 0
-        self._closed = False
         # Handles whose __del__ found the lock taken, released later.
         self._dropped: deque[TensorMemoryObj] = deque()
-
-    @property
-    def closed(self) -> bool:
-        """True once :meth:`close` ran."""
-        return self._closed
+        # Leases of live handles and of bytes held by views; the leases whose
+        # root died are queued in _returns by the weak reference callback.
+        # (By id: a weak reference hashes like its referent, a numpy array.)
+        self._leases: dict[int, ViewLease] = {}
+        self._returns: deque[ViewLease] = deque()
+        self._held_bytes = 0
+        self._held_count = 0
+        _live_policies.add(self)
 
     # -- hooks for the subclasses ----------------------------------------
 
-    def _release_locked(self, obj: TensorMemoryObj) -> None:
-        """Give ``obj``'s memory back; the caller holds the lock and checked it."""
+    def release_locked(self, handle: TensorMemoryObj) -> None:
+        """Give ``handle``'s memory back; the caller holds the lock and checked it."""
         raise NotImplementedError
 
     def _release_garbage_locked(self, obj: TensorMemoryObj) -> None:
         """Give back the memory of a handle being garbage-collected."""
-        self._release_locked(obj)
+        self.release_locked(obj)
+
+    def _give_back_locked(self, lease: ViewLease) -> None:
+        """Return the bytes of a lease whose last view is gone to the placement."""
+        raise NotImplementedError
 
     def _forget_memory_locked(self) -> None:
         """Drop the subclass's own references to the memory (at close)."""
 
+    # -- the handle contract (kvpool.pool.contract.HandleOwner) ------------
+
+    def pin_changed_locked(self, delta: int) -> None:
+        """A handle's pin count went 0 -> 1 (+1) or 1 -> 0 (-1); caller holds the lock."""
+        self._pinned += delta
+
+    def open_lease(self, handle: TensorMemoryObj) -> ViewLease:
+        """The owner of ``handle``'s views (see :mod:`kvpool.pool.lease`); caller holds the lock."""
+        if self._view is not None:
+            lease = open_host_lease(
+                self._view, handle.offset, handle.phy, handle.page, self._returns
+            )
+        else:
+            lease = open_device_lease(
+                self.buffer, handle.offset, handle.phy, handle.page, self._returns
+            )
+        self._leases[id(lease)] = lease
+        return lease
+
+    def dead_handle_error(self, handle: object, what: str) -> Exception:
+        """The typed error for ``what`` on a dead handle of this policy."""
+        if self._closed_why == "forked":
+            return InheritedAcrossForkError(
+                f"{what} of {handle!r} in a forked child (pid {os.getpid()}): the pool belongs "
+                "to the parent process; in a child attach a shared-memory pool by name "
+                "(kvpool.attach_pool) or create a new pool"
+            )
+        if self.closed:
+            return PoolClosedError(
+                f"{what} of a freed memory object {handle!r}: its pool was closed"
+            )
+        return InvalidHandleError(
+            f"{what} of a freed memory object {handle!r}; its memory may belong to another "
+            "object now"
+        )
+
+    def _retire_locked(self, obj: TensorMemoryObj) -> bool:
+        """Detach a dying handle from its lease; True when views still hold its bytes.
+
+        The bytes go back when the lease's root dies: at once (through
+        the returns queue, drained here) when no view is left.
+        """
+        lease = obj.lease
+        obj.lease = None
+        obj._raw = None
+        if lease is None:
+            return False
+        lease.held = True
+        lease.label = repr(obj)
+        self._held_bytes += lease.phy
+        self._held_count += 1
+        alive = lease.detach()
+        if self._returns:
+            self._drain_returns_locked()
+        return alive
+
+    def _drain_returns_locked(self) -> int:
+        """Give back the bytes of every lease whose last view died; returns how many."""
+        returns = self._returns
+        count = 0
+        while returns:
+            lease = returns.popleft()
+            if lease.returned or not lease.held:
+                continue
+            lease.returned = True
+            self._held_bytes -= lease.phy
+            self._held_count -= 1
+            self._leases.pop(id(lease), None)
+            if not self.closed:
+                self._give_back_locked(lease)
+            count += 1
+        return count
+
+    def _report_views_outlive(self, obj: object) -> None:
+        report(
+            ViewsOutliveHandleError,
+            f"{obj!r} was freed while views of its bytes are alive; its bytes are not reused "
+            "until the last view is gone. Free the object after you are done with its "
+            "byte_array/tensor views (or drop the views first)",
+        )
+
+    @property
+    def held_by_views_bytes(self) -> int:
+        """Bytes of freed objects that views still hold (not reusable yet)."""
+        return self._held_bytes
+
     # -- ownership and pins ------------------------------------------------
 
     def _check_owned(self, obj: object) -> TensorMemoryObj:
-        if obj.__class__ is not _TMO or obj._pool is not self:  # type: ignore[attr-defined]
+        if obj.__class__ is not _TMO or obj.owner is not self:  # type: ignore[attr-defined]
             raise InvalidHandleError(
                 f"{obj!r} was not allocated by this {self}; free it with its own allocator"
             )
@@ -141,8 +359,8 @@ class PlacementPolicy(MemoryAllocatorInterface):
 
     def _unpinned_by_free(self, obj: TensorMemoryObj) -> bool:
         """Account for freeing a pinned object; True when it was pinned."""
-        if obj._meta.pin_count > 0:
-            obj._meta.pin_count = 0
+        if obj.record.pin_count > 0:
+            obj.record.pin_count = 0
             self._pinned -= 1
             PinMonitor.GetOrCreate().on_unpin(obj)
             return True
@@ -152,45 +370,46 @@ class PlacementPolicy(MemoryAllocatorInterface):
         """Give an object's memory back now, whatever its counts.
 
         Normally the last ``ref_count_down`` does this.  Freeing an object
-        twice is reported (see :mod:`kvpool.misuse`) and ignored.
+        twice is reported (see :mod:`kvpool.misuse`) and ignored.  Views of
+        the object keep its bytes from being reused (see the module docstring).
 
         Raises:
             InvalidHandleError: the object belongs to another allocator.
         """
         obj = self._check_owned(memory_obj)
-        lock = self._lock
+        lock = self.lock
         lock.acquire()
         try:
-            if not obj.valid or self._closed:
+            if not obj.valid or self.closed:
                 report(InvalidHandleError, f"free of an already freed object {obj!r}; ignored")
                 return
             self._unpinned_by_free(obj)
-            self._release_locked(obj)
+            self.release_locked(obj)
         finally:
             lock.release()
 
     # -- the garbage-collection backstop -----------------------------------
 
-    def _release_dropped(self, obj: TensorMemoryObj) -> None:
+    def release_dropped(self, handle: TensorMemoryObj) -> None:
         """Called by a live handle's ``__del__``: release its memory.
 
         Never blocks: when the lock is taken (another thread, or this one
         in the middle of a pool call), the handle is queued and released
         under the lock later.
         """
-        lock = self._lock
+        lock = self.lock
         if not lock.acquire(False):
-            self._dropped.append(obj)
+            self._dropped.append(handle)
             return
         try:
-            self._release_dropped_locked(obj)
+            self._release_dropped_locked(handle)
         finally:
             lock.release()
 
     def _release_dropped_locked(self, obj: TensorMemoryObj) -> None:
-        if not obj.valid or self._closed:
+        if not obj.valid or self.closed:
             return
-        meta = obj._meta
+        meta = obj.record
         logger.warning(
             "reclaiming %s: it was garbage-collected with ref_count=%d, pin_count=%d "
             "(ref_count_down()/unpin() was not called)",
@@ -202,12 +421,14 @@ class PlacementPolicy(MemoryAllocatorInterface):
         self._release_garbage_locked(obj)
 
     def _drain_dropped_locked(self) -> int:
-        """Release the queued garbage handles; returns how many there were."""
+        """Release the queued garbage handles and view leases; returns how many there were."""
         dropped = self._dropped
         count = 0
         while dropped:
             self._release_dropped_locked(dropped.popleft())
             count += 1
+        if self._returns:
+            count += self._drain_returns_locked()
         return count
 
     def _retry_after_drain_locked(self, place: Any, *args: Any) -> Any:
@@ -249,35 +470,50 @@ class PlacementPolicy(MemoryAllocatorInterface):
     def close(self) -> None:
         """Invalidate every object and refuse further allocations.  Idempotent.
 
-        The allocator and its handles drop their references to the memory,
-        so it can go once the caller (or the pool that built this
+        The allocator and its live handles drop their references to the
+        memory, so it can go once the caller (or the pool that built this
         allocator) releases it; views made earlier keep it alive.
         """
-        lock = self._lock
+        self._shut("closed")
+
+    def forget_after_fork(self) -> None:
+        """Close this policy in a forked child: every handle raises a typed error.
+
+        Called by the fork handler in the child only; the parent is untouched.
+        """
+        # The parent's lock may have been held at fork time: a fresh one.
+        self.lock = type(self.lock)()
+        self._shut("forked")
+
+    def _shut(self, why: str) -> None:
+        lock = self.lock
         lock.acquire()
         try:
-            if self._closed:
+            if self.closed:
                 return
-            self._closed = True
+            self.closed = True
+            self._closed_why = why
             self._dropped.clear()
-            if self._mv is not None:
-                try:
-                    self._mv.release()
-                except BufferError:  # someone exported this view: it keeps the memory
-                    logger.warning("close(%s): a view of the pool is still exported", self)
-            self._mv = None
+            self._returns.clear()
+            for lease in self._leases.values():
+                lease.held = False
+                lease.detach()
+            self._leases.clear()
+            self._view = None
             self.buffer = torch.empty(0, dtype=torch.uint8, device=self.buffer.device)
             self._arena = None
             self._forget_memory_locked()
             pinned = self._pinned
         finally:
             lock.release()
-        if pinned:
+        if pinned and why == "closed":
             # Its pinned objects are gone with it: the monitor lets go of them.
             PinMonitor.GetOrCreate().forget_owner(self)
 
     def _check_open(self, what: str) -> None:
-        if self._closed:
+        if self.closed:
+            if self._closed_why == "forked":
+                raise self.dead_handle_error(self, what)
             raise PoolClosedError(f"{what} on a closed {self}")
 
     def _report_already_freed(self, obj: object) -> None:

@@ -27,25 +27,22 @@ from typing import Any
 
 import torch
 
+import kvpool.pool.extent
+import kvpool.pool.paged  # noqa: F401 - registers the paged policy
 from kvpool.checks import check_power_of_two
 from kvpool.errors import InvalidArgumentError, PoolClosedError
 from kvpool.formats import MemoryFormat
-from kvpool.pool.address import AddressManager
 from kvpool.pool.backing import Backing
-from kvpool.pool.extent import TensorMemoryAllocator
 from kvpool.pool.interface import MemoryAllocatorInterface, PoolStats
 from kvpool.pool.monitor import live_pools, register_pool
 from kvpool.pool.objects import MemoryObj
-from kvpool.pool.paged import PagedTensorMemoryAllocator
 from kvpool.pool.placeholders import BytesBufferMemoryObj
-from kvpool.pool.policy import check_object_list
+from kvpool.pool.policy import PlacementPolicy, PlacementSpec, check_object_list
 
 __all__ = [
     "TENSOR_FORMATS",
     "BufferAllocator",
     "MemoryPool",
-    "build_policy",
-    "build_policy_or_close",
     "check_align_bytes",
     "live_pools",
 ]
@@ -62,8 +59,6 @@ TENSOR_FORMATS = frozenset(
         MemoryFormat.HS_TD,
     }
 )
-
-Policy = TensorMemoryAllocator | PagedTensorMemoryAllocator
 
 
 class BufferAllocator(MemoryAllocatorInterface):
@@ -145,53 +140,6 @@ def check_align_bytes(align_bytes: object) -> int:
     return check_power_of_two("align_bytes", align_bytes)
 
 
-def build_policy(
-    backing: Backing,
-    use_paging: bool,
-    *,
-    align_bytes: int = AddressManager.ALIGN_BYTES,
-    init_address_space: int | None = None,
-    shapes: list[torch.Size] | None = None,
-    dtypes: list[torch.dtype] | None = None,
-    fmt: MemoryFormat | None = None,
-) -> Policy:
-    """The placement policy for ``backing``: extent, or paged when ``use_paging``.
-
-    Raises:
-        InvalidArgumentError: paging without ``shapes``/``dtypes``/``fmt``,
-            or a bad alignment.
-    """
-    if use_paging:
-        missing = [
-            n for n, v in (("shapes", shapes), ("dtypes", dtypes), ("fmt", fmt)) if v is None
-        ]
-        if missing:
-            raise InvalidArgumentError(
-                f"a paged pool needs {', '.join(missing)}: pass use_paging=True with "
-                "shapes=[...], dtypes=[...], fmt=MemoryFormat...."
-            )
-        return PagedTensorMemoryAllocator(
-            backing.tensor,
-            shapes,  # type: ignore[arg-type]
-            dtypes,  # type: ignore[arg-type]
-            fmt,  # type: ignore[arg-type]
-            byte_view=backing.view,
-        )
-    check_align_bytes(align_bytes)
-    return TensorMemoryAllocator(
-        backing.tensor, align_bytes, init_address_space, byte_view=backing.view
-    )
-
-
-def build_policy_or_close(backing: Backing, use_paging: bool, **policy_args: Any) -> Policy:
-    """:func:`build_policy`, closing ``backing`` if it fails (so nothing leaks)."""
-    try:
-        return build_policy(backing, use_paging, **policy_args)
-    except BaseException:
-        backing.close()
-        raise
-
-
 class MemoryPool(MemoryAllocatorInterface):
     """A backing plus a placement policy, with one lock and a lifecycle.
 
@@ -213,18 +161,27 @@ class MemoryPool(MemoryAllocatorInterface):
     def __init__(
         self,
         backing: Backing,
-        policy: Policy,
+        placement: PlacementSpec | PlacementPolicy,
         *,
         byte_buffers: bool = False,
         formats: Iterable[MemoryFormat] = TENSOR_FORMATS,
         name: str = "MemoryPool",
     ) -> None:
+        # The one construction sequence of every pool: the policy over the
+        # backing, and the backing closed if anything fails (nothing leaks).
+        try:
+            policy = placement if isinstance(placement, PlacementPolicy) else None
+            if policy is None:
+                policy = placement.build(backing.tensor, backing.view)  # type: ignore[union-attr]
+        except BaseException:
+            backing.close()
+            raise
         self.backing = backing
-        self.allocator: Policy = policy
+        self.allocator: Any = policy
         # The policy (which every live object references) keeps its pool
         # alive, so the garbage-collection backstop below never closes a
         # pool whose objects are still in use.
-        policy._owner = self  # type: ignore[union-attr]
+        policy.keep_alive = self
         self.buffer_allocator = BufferAllocator("cpu") if byte_buffers else None
         self._formats = frozenset(formats)
         self._name = name
@@ -364,9 +321,7 @@ class MemoryPool(MemoryAllocatorInterface):
     def describe(self) -> dict[str, Any]:
         """The backing's description plus the policy in use."""
         info = dict(self.backing.describe())
-        info["policy"] = (
-            "paged" if isinstance(self.allocator, PagedTensorMemoryAllocator) else "extent"
-        )
+        info["policy"] = self.allocator.kind
         info["pool"] = self._name
         return info
 
