@@ -9,11 +9,17 @@ memory-management module, so code written against it works with
 
 from kvpool.errors import (
     AddressSpaceExhaustedError,
+    ArgumentTypeError,
     FeatureUnavailableError,
+    GroupIndexError,
     HugePagesExhaustedError,
+    InheritedAcrossForkError,
     InvalidArgumentError,
     InvalidHandleError,
     KVPoolError,
+    LeakedHandleError,
+    LeakedHandleWarning,
+    MemoryLimitError,
     NativeError,
     NumaNodeError,
     OutOfMemoryError,
@@ -21,10 +27,12 @@ from kvpool.errors import (
     RefCountError,
     SharedMemoryExistsError,
     SharedMemoryNotFoundError,
+    ViewsOutliveHandleError,
 )
 from kvpool.formats import MemoryFormat, get_size_bytes
 from kvpool.misuse import set_strict_mode, strict_mode
 from kvpool.native.numa import NUMAMapping
+from kvpool.native.spec import HostSpec
 from kvpool.pool.address import AddressManager, FreeBlock
 from kvpool.pool.extent import TensorMemoryAllocator
 from kvpool.pool.handle import TensorMemoryObj
@@ -80,6 +88,14 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "ViewsOutliveHandleError",
+    "MemoryLimitError",
+    "LeakedHandleWarning",
+    "LeakedHandleError",
+    "InheritedAcrossForkError",
+    "HostSpec",
+    "GroupIndexError",
+    "ArgumentTypeError",
     "AdHocMemoryAllocator",
     "AddressManager",
     "AddressSpaceExhaustedError",

@@ -22,6 +22,8 @@ __all__ = [
     "HugePagesExhaustedError",
     "InvalidArgumentError",
     "InvalidHandleError",
+    "LeakedHandleError",
+    "LeakedHandleWarning",
     "KVPoolError",
     "NativeError",
     "NumaNodeError",
@@ -80,11 +82,23 @@ class ViewsOutliveHandleError(InvalidHandleError):
     """
 
 
+class LeakedHandleWarning(UserWarning):
+    """A live memory object was garbage-collected; the pool reclaimed its memory."""
+
+
 class RefCountError(KVPoolError, RuntimeError, ValueError):
     """A ref or pin count went below zero (raised only in strict mode).
 
     Outside strict mode the same event is logged as a warning and ignored;
     in neither mode is any memory freed twice.
+    """
+
+
+class LeakedHandleError(RefCountError):
+    """Strict mode: objects were garbage-collected without ``ref_count_down``.
+
+    Raised by the pool's next ``stats()``, ``memcheck()`` or ``close()``,
+    naming the objects (a finalizer cannot raise).
     """
 
 

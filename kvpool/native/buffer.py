@@ -43,6 +43,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import os
 import threading
 import weakref
 from typing import TYPE_CHECKING, Any
@@ -172,6 +173,7 @@ class HostBuffer:
         self._lock = threading.Lock()
         self._mapping = _Mapping(region.address)
         self._owner: Any = _owner_handle(self._mapping, region.mapped_size)
+        self._pid = os.getpid()
         if self.shm_owner and unlink_on_close:
             _shm_creators.add(self)
 
@@ -198,6 +200,12 @@ class HostBuffer:
 
     def _handle(self) -> Any:
         owner = self._owner
+        if self._pid != os.getpid():
+            raise errors.InheritedAcrossForkError(
+                f"HostBuffer at {self.address:#x} ({self.size} bytes) was inherited across "
+                f"fork() by pid {os.getpid()}: it belongs to pid {self._pid} (a pinned mapping "
+                "is not even mapped in the child); attach shared memory by name instead"
+            )
         if owner is None:
             raise errors.PoolClosedError(
                 f"HostBuffer at {self.address:#x} ({self.size} bytes) is closed; views made "

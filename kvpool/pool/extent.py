@@ -122,6 +122,7 @@ class TensorMemoryAllocator(PlacementPolicy):
         lock.acquire()
         try:
             self._drain_dropped_locked()
+            self._raise_leaks()
             am = self.address_manager
             return PoolStats.build(
                 am.get_heap_size(),
@@ -322,6 +323,7 @@ class TensorMemoryAllocator(PlacementPolicy):
         lock.acquire()
         try:
             self._drain_dropped_locked()
+            self._raise_leaks()
             am = self.address_manager
             problems = [f"address manager: {p}" for p in am.problems_locked()]
             if am.get_heap_size() > self._arena_size:

@@ -379,13 +379,13 @@ class TensorMemoryObj(MemoryObj):
     # kvpool.pool.lease), so they keep the allocation's bytes from being
     # reused; a hand-built handle's views derive from its own tensor.
 
-    def _lease_locked_open(self) -> Any:
+    def _lease_locked_open(self, what: str) -> Any:
         """The handle's lease, opened on first use (pooled handles only)."""
         lock = self._lock
         lock.acquire()
         try:
             if not self.is_valid():
-                raise _dead_view(self, "a view")
+                raise _dead_view(self, what)
             lease = self.lease
             if lease is None:
                 lease = self.owner.open_lease(self)  # type: ignore[union-attr]
@@ -414,7 +414,7 @@ class TensorMemoryObj(MemoryObj):
                 return raw
         if self.owner is None:
             raise _dead_view(self, "raw_data")
-        lease = self._lease_locked_open()
+        lease = self._lease_locked_open("raw_data")
         raw = lease.raw
         if raw is None:
             root = lease.root
@@ -534,7 +534,7 @@ class TensorMemoryObj(MemoryObj):
 
     def _byte_array_slow(self) -> memoryview:
         if self._raw is None and self.owner is not None:
-            lease = self._lease_locked_open()
+            lease = self._lease_locked_open("byte_array")
             if lease.mv is not None:
                 return lease.mv[: self._size]
             if lease.root is None:

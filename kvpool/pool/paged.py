@@ -200,6 +200,7 @@ class PagedTensorMemoryAllocator(PlacementPolicy):
         lock.acquire()
         try:
             self._drain_dropped_locked()
+            self._raise_leaks()
             free = self._free_count()
             used = self._num_pages - free
             # Any free page fits any allocation: no external fragmentation.
@@ -503,6 +504,7 @@ class PagedTensorMemoryAllocator(PlacementPolicy):
         lock.acquire()
         try:
             self._drain_dropped_locked()
+            self._raise_leaks()
             problems = []
             head = self._head
             entries = self._queue[head:]

@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
+import warnings
 import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -51,11 +53,13 @@ from kvpool.errors import (
     InheritedAcrossForkError,
     InvalidArgumentError,
     InvalidHandleError,
+    LeakedHandleError,
+    LeakedHandleWarning,
     PoolClosedError,
     ViewsOutliveHandleError,
 )
 from kvpool.formats import MemoryFormat
-from kvpool.misuse import report
+from kvpool.misuse import report, strict_mode
 from kvpool.pool.arena import Arena
 from kvpool.pool.handle import TensorMemoryObj
 from kvpool.pool.interface import MemoryAllocatorInterface
@@ -202,7 +206,10 @@ def policy_builder(name: object) -> Callable[..., PlacementPolicy]:
 def _inherited_by_a_child() -> None:
     # Runs in a forked child: the parent's policies are not the child's.
     for policy in list(_live_policies):
-        policy.forget_after_fork()
+        try:
+            policy.forget_after_fork()
+        except Exception:  # a fork handler must not raise; the policy stays as it was
+            logger.exception("kvpool: could not close an inherited pool in a forked child")
 
 
 os.register_at_fork(after_in_child=_inherited_by_a_child)
@@ -243,6 +250,8 @@ class PlacementPolicy(MemoryAllocatorInterface):
         self._returns: deque[ViewLease] = deque()
         self._held_bytes = 0
         self._held_count = 0
+        # Strict mode: what the garbage-collection backstop reclaimed.
+        self._leaked: list[str] = []
         _live_policies.add(self)
 
     # -- hooks for the subclasses ----------------------------------------
@@ -410,15 +419,27 @@ class PlacementPolicy(MemoryAllocatorInterface):
         if not obj.valid or self.closed:
             return
         meta = obj.record
-        logger.warning(
-            "reclaiming %s: it was garbage-collected with ref_count=%d, pin_count=%d "
-            "(ref_count_down()/unpin() was not called)",
-            repr(obj),
-            meta.ref_count,
-            meta.pin_count,
+        message = (
+            f"reclaiming {obj!r}: it was garbage-collected with ref_count={meta.ref_count}, "
+            f"pin_count={meta.pin_count} (ref_count_down()/unpin() was not called)"
         )
+        logger.warning("%s", message)
+        # Also a Python warning, visible when logging is quiet or off; in
+        # strict mode the pool's next stats()/memcheck()/close() raises.
+        warnings.warn(message, LeakedHandleWarning, stacklevel=2)
+        if strict_mode():
+            self._leaked.append(message)
         self._unpinned_by_free(obj)
         self._release_garbage_locked(obj)
+
+    def _raise_leaks(self) -> None:
+        """Strict mode: raise for the handles the garbage collector reclaimed."""
+        leaked, self._leaked = self._leaked, []
+        if leaked:
+            raise LeakedHandleError(
+                f"{len(leaked)} memory object(s) of {self} were garbage-collected without "
+                f"ref_count_down(): {'; '.join(leaked[:3])}"
+            )
 
     def _drain_dropped_locked(self) -> int:
         """Release the queued garbage handles and view leases; returns how many there were."""
@@ -473,8 +494,13 @@ class PlacementPolicy(MemoryAllocatorInterface):
         The allocator and its live handles drop their references to the
         memory, so it can go once the caller (or the pool that built this
         allocator) releases it; views made earlier keep it alive.
+
+        Raises:
+            LeakedHandleError: strict mode, and objects of the pool were
+                garbage-collected without ``ref_count_down`` (after closing).
         """
         self._shut("closed")
+        self._raise_leaks()
 
     def forget_after_fork(self) -> None:
         """Close this policy in a forked child: every handle raises a typed error.
@@ -482,7 +508,9 @@ class PlacementPolicy(MemoryAllocatorInterface):
         Called by the fork handler in the child only; the parent is untouched.
         """
         # The parent's lock may have been held at fork time: a fresh one.
-        self.lock = type(self.lock)()
+        # (Handles keep the old one: a handle whose lock another parent
+        # thread held at the fork cannot count in the child.)
+        self.lock = threading.Lock()
         self._shut("forked")
 
     def _shut(self, why: str) -> None:

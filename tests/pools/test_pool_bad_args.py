@@ -333,3 +333,4 @@ def test_double_free_is_reported_and_frees_nothing_else(pool, strict: None) -> N
     assert b.is_valid()
     assert pool.num_active_allocations == 1
     assert pool.memcheck()
+    b.ref_count_down()
