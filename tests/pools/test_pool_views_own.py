@@ -12,6 +12,9 @@ import gc
 import logging
 import os
 import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -54,16 +57,16 @@ VIEWS = {
 
 
 @pytest.fixture(params=sorted(POOLS))
-def pool(request: pytest.FixtureRequest, lenient: None):  # type: ignore[no-untyped-def]
+def pool(request: pytest.FixtureRequest, lenient: None) -> Iterator[Any]:
     p = POOLS[request.param]()
     yield p
     p.close()
 
 
-def _fill_everything(pool: object, value: float) -> list[kvpool.MemoryObj]:
+def _fill_everything(pool: Any, value: float) -> list[kvpool.MemoryObj]:
     """Allocate until the pool is full; fill every new object with ``value``."""
     objs = []
-    while (obj := pool.allocate(KV_SHAPE, KV_DTYPE, KV_FMT)) is not None:  # type: ignore[attr-defined]
+    while (obj := pool.allocate(KV_SHAPE, KV_DTYPE, KV_FMT)) is not None:
         obj.tensor.fill_(value)
         objs.append(obj)
     return objs
@@ -78,7 +81,7 @@ def _view_reads(view: object) -> float:
 
 @pytest.mark.parametrize("view_kind", sorted(VIEWS))
 @pytest.mark.parametrize("how", ["gc", "ref_count_down", "free", "batched_free"])
-def test_a_view_keeps_its_bytes_from_the_next_owner(pool, view_kind: str, how: str) -> None:  # type: ignore[no-untyped-def]
+def test_a_view_keeps_its_bytes_from_the_next_owner(pool: Any, view_kind: str, how: str) -> None:
     obj = pool.allocate(KV_SHAPE, KV_DTYPE, KV_FMT)
     obj.tensor.fill_(1.0)
     view = VIEWS[view_kind](obj)
@@ -92,7 +95,7 @@ def test_a_view_keeps_its_bytes_from_the_next_owner(pool, view_kind: str, how: s
         pool.free(obj)
     else:
         pool.batched_free([obj])
-    others = _fill_everything(pool, 2.0)
+    others = _fill_everything(pool: Any, 2.0)
     assert others, "the pool should still have room for other objects"
     assert _view_reads(view) == before, "a new owner wrote into bytes a live view covers"
     stats = pool.stats()
@@ -103,24 +106,24 @@ def test_a_view_keeps_its_bytes_from_the_next_owner(pool, view_kind: str, how: s
     del view
     gc.collect()
     assert pool.stats().held_by_views_bytes == 0
-    assert len(_fill_everything(pool, 3.0)) == len(others) + 1
+    assert len(_fill_everything(pool: Any, 3.0)) == len(others) + 1
     assert pool.memcheck()
 
 
-def test_without_views_freed_bytes_are_reused_at_once(pool) -> None:  # type: ignore[no-untyped-def]
-    capacity = _fill_everything(pool, 0.0)
+def test_without_views_freed_bytes_are_reused_at_once(pool: Any) -> None:
+    capacity = _fill_everything(pool: Any, 0.0)
     pool.batched_free(capacity)
     obj = pool.allocate(KV_SHAPE, KV_DTYPE, KV_FMT)
     obj.byte_array[:4] = b"abcd"  # a view, gone at the end of the statement
     _ = obj.tensor.sum()
     obj.ref_count_down()
     assert pool.stats().held_by_views_bytes == 0
-    again = _fill_everything(pool, 1.0)
+    again = _fill_everything(pool: Any, 1.0)
     assert len(again) == len(capacity)
     pool.batched_free(again)
 
 
-def test_a_freed_handle_is_still_dead_while_its_views_live(pool) -> None:  # type: ignore[no-untyped-def]
+def test_a_freed_handle_is_still_dead_while_its_views_live(pool: Any) -> None:
     obj = pool.allocate(KV_SHAPE, KV_DTYPE, KV_FMT)
     view = obj.byte_array
     obj.ref_count_down()
@@ -133,7 +136,7 @@ def test_a_freed_handle_is_still_dead_while_its_views_live(pool) -> None:  # typ
 
 
 def test_the_handle_that_left_views_behind_is_named(
-    pool, caplog: pytest.LogCaptureFixture  # type: ignore[no-untyped-def]
+    pool: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     obj = pool.allocate(KV_SHAPE, KV_DTYPE, KV_FMT)
     name = repr(obj)
@@ -160,7 +163,7 @@ def test_strict_mode_raises_for_views_left_behind(strict: None) -> None:
 
 
 def test_a_free_during_a_store_put_does_not_reuse_the_bytes_under_the_io(
-    tmp_path, lenient: None  # type: ignore[no-untyped-def]
+    tmp_path: Path, lenient: None
 ) -> None:
     pool = kvpool.TensorMemoryAllocator(torch.zeros(4 * MIB, dtype=torch.uint8))
     store = FileStore(str(tmp_path))
@@ -171,8 +174,8 @@ def test_a_free_during_a_store_put_does_not_reuse_the_bytes_under_the_io(
     started = threading.Event()
     resume = threading.Event()
 
-    def slow(real):  # type: ignore[no-untyped-def]
-        def write(*args):  # type: ignore[no-untyped-def]
+    def slow(real: Callable[..., int]) -> Callable[..., int]:
+        def write(*args: Any) -> int:
             started.set()
             assert resume.wait(30), "the test never resumed the write"
             return real(*args)
@@ -196,7 +199,7 @@ def test_a_free_during_a_store_put_does_not_reuse_the_bytes_under_the_io(
         writer.start()
         assert started.wait(30)
         pool.free(src)  # while the put still holds the object's bytes
-        for obj in _fill_everything(pool, 9.0):
+        for obj in _fill_everything(pool: Any, 9.0):
             obj.byte_array[:] = bytes([9]) * obj.get_size()
         resume.set()
         writer.join(30)
