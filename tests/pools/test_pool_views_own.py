@@ -63,7 +63,7 @@ def pool(request: pytest.FixtureRequest, lenient: None) -> Iterator[Any]:
     p.close()
 
 
-def _fill_everything(pool: Any, value: float) -> list[kvpool.MemoryObj]:
+def _fill_everything(pool, value: float) -> list[kvpool.MemoryObj]:
     """Allocate until the pool is full; fill every new object with ``value``."""
     objs = []
     while (obj := pool.allocate(KV_SHAPE, KV_DTYPE, KV_FMT)) is not None:
@@ -95,7 +95,7 @@ def test_a_view_keeps_its_bytes_from_the_next_owner(pool: Any, view_kind: str, h
         pool.free(obj)
     else:
         pool.batched_free([obj])
-    others = _fill_everything(pool: Any, 2.0)
+    others = _fill_everything(pool, 2.0)
     assert others, "the pool should still have room for other objects"
     assert _view_reads(view) == before, "a new owner wrote into bytes a live view covers"
     stats = pool.stats()
@@ -106,19 +106,19 @@ def test_a_view_keeps_its_bytes_from_the_next_owner(pool: Any, view_kind: str, h
     del view
     gc.collect()
     assert pool.stats().held_by_views_bytes == 0
-    assert len(_fill_everything(pool: Any, 3.0)) == len(others) + 1
+    assert len(_fill_everything(pool, 3.0)) == len(others) + 1
     assert pool.memcheck()
 
 
 def test_without_views_freed_bytes_are_reused_at_once(pool: Any) -> None:
-    capacity = _fill_everything(pool: Any, 0.0)
+    capacity = _fill_everything(pool, 0.0)
     pool.batched_free(capacity)
     obj = pool.allocate(KV_SHAPE, KV_DTYPE, KV_FMT)
     obj.byte_array[:4] = b"abcd"  # a view, gone at the end of the statement
     _ = obj.tensor.sum()
     obj.ref_count_down()
     assert pool.stats().held_by_views_bytes == 0
-    again = _fill_everything(pool: Any, 1.0)
+    again = _fill_everything(pool, 1.0)
     assert len(again) == len(capacity)
     pool.batched_free(again)
 
@@ -199,7 +199,7 @@ def test_a_free_during_a_store_put_does_not_reuse_the_bytes_under_the_io(
         writer.start()
         assert started.wait(30)
         pool.free(src)  # while the put still holds the object's bytes
-        for obj in _fill_everything(pool: Any, 9.0):
+        for obj in _fill_everything(pool, 9.0):
             obj.byte_array[:] = bytes([9]) * obj.get_size()
         resume.set()
         writer.join(30)
