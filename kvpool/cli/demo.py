@@ -26,6 +26,7 @@ import torch
 
 from kvpool.cli.args import positive_int, size_arg
 from kvpool.cli.progress import Progress
+from kvpool.native.machine import format_bytes, rss_bytes
 
 __all__ = ["add_parser", "run_demo"]
 
@@ -33,21 +34,6 @@ __all__ = ["add_parser", "run_demo"]
 CHUNK_SHAPE = torch.Size([2, 4, 256, 128])
 CHUNK_DTYPE = torch.float16
 CHUNK_BYTES = CHUNK_SHAPE.numel() * CHUNK_DTYPE.itemsize
-
-_PAGE = os.sysconf("SC_PAGESIZE")
-
-
-def _rss() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * _PAGE
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"  # pragma: no cover
 
 
 def _pattern(index: int) -> np.ndarray:
@@ -87,8 +73,8 @@ def run_demo(args: argparse.Namespace) -> int:
     size = args.size or max(2 * args.chunks * CHUNK_BYTES, 64 << 20)
     if args.chunks * CHUNK_BYTES > size:
         print(
-            f"kvpool demo: {args.chunks} chunks of {_human(CHUNK_BYTES)} do not fit in a "
-            f"{_human(size)} pool; raise --size or lower --chunks",
+            f"kvpool demo: {args.chunks} chunks of {format_bytes(CHUNK_BYTES)} do not fit in a "
+            f"{format_bytes(size)} pool; raise --size or lower --chunks",
             file=sys.stderr,
         )
         return 2
@@ -97,7 +83,7 @@ def run_demo(args: argparse.Namespace) -> int:
     if spec is None:
         tmpdir = _default_store_dir()
         spec = tmpdir
-    rss_before = _rss()
+    rss_before = rss_bytes()
     kwargs: dict[str, Any] = {}
     if args.numa_node is not None:
         kwargs["numa_node"] = args.numa_node
@@ -113,7 +99,7 @@ def run_demo(args: argparse.Namespace) -> int:
             info = pool.describe()
             show = (lambda *a, **k: None) if args.json else print
             show(
-                f"pool: {_human(size)} {info['kind']} memory, pinned={info['pinned']}, "
+                f"pool: {format_bytes(size)} {info['kind']} memory, pinned={info['pinned']}, "
                 f"hugepages={info['hugepages']}, numa_node={info['numa_node']}"
                 + (f", shm_name={info['shm_name']}" if info.get("shm_name") else ""),
                 file=out,
@@ -167,7 +153,7 @@ def run_demo(args: argparse.Namespace) -> int:
                 get_GBps=total / t_get / 1e9,
                 mismatched_chunks=mismatched,
                 rss_before=rss_before,
-                rss_after=_rss(),
+                rss_after=rss_bytes(),
                 pool=info,
                 stats=asdict(stats),
                 store=str(spec),
@@ -187,24 +173,30 @@ def run_demo(args: argparse.Namespace) -> int:
 
 def _print_result(r: DemoResult, out: Any) -> None:
     verdict = (
-        f"verified: all {r.chunks} chunks ({_human(r.bytes)}) came back byte for byte"
+        f"verified: all {r.chunks} chunks ({format_bytes(r.bytes)}) came back byte for byte"
         if not r.mismatched_chunks
         else f"MISMATCH: {r.mismatched_chunks} of {r.chunks} chunks differ"
     )
     s = r.stats
-    print(f"put: {r.chunks} chunks of {_human(CHUNK_BYTES)} at {r.put_GBps:.2f} GB/s", file=out)
-    print(f"get: {r.chunks} chunks of {_human(CHUNK_BYTES)} at {r.get_GBps:.2f} GB/s", file=out)
+    print(
+        f"put: {r.chunks} chunks of {format_bytes(CHUNK_BYTES)} at {r.put_GBps:.2f} GB/s", file=out
+    )
+    print(
+        f"get: {r.chunks} chunks of {format_bytes(CHUNK_BYTES)} at {r.get_GBps:.2f} GB/s", file=out
+    )
     print(verdict, file=out)
     print(
         f"pool stats (before the final frees): {s['active_objects']} objects, "
-        f"{_human(s['used_bytes'])} used of {_human(s['total_bytes'])}, "
-        f"{s['pinned_objects']} pinned, largest free block {_human(s['largest_free_block'])}, "
+        f"{format_bytes(s['used_bytes'])} used of {format_bytes(s['total_bytes'])}, "
+        f"{s['pinned_objects']} pinned, "
+        f"largest free block {format_bytes(s['largest_free_block'])}, "
         f"fragmentation {s['fragmentation']:.3f}",
         file=out,
     )
     note = " (hugetlb pages are not counted in RSS)" if "hugetlb" in str(r.pool) else ""
     print(
-        f"resident memory: {_human(r.rss_before)} before, {_human(r.rss_after)} after{note}",
+        f"resident memory: {format_bytes(r.rss_before)} before, "
+        f"{format_bytes(r.rss_after)} after{note}",
         file=out,
     )
 

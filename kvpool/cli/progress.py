@@ -1,10 +1,10 @@
-"""A tiny, dependency-free progress bar for long kvpool commands.
+"""Progress bars for long kvpool commands, drawn by tqdm when it is installed.
 
-It draws ``\\r[#########           ]  45% label`` on one line of a stream
-(stderr by default) and draws nothing at all when that stream is not a
-terminal, so redirected or piped output stays clean.  The environment
-variable ``KVPOOL_PROGRESS`` overrides the decision: ``1`` forces the bar
-on (even into a file or a pipe), ``0`` turns it off.
+``pip install 'kvpool[progress]'`` (or any tqdm) gives a bar on stderr while
+``kvpool bench`` and ``kvpool demo`` run; without tqdm, or when the stream
+is not a terminal, nothing is drawn and output that is redirected or piped
+stays clean.  ``KVPOOL_PROGRESS`` overrides the terminal test: ``1`` draws
+(even into a file or a pipe), ``0`` never draws.
 
 Two forms::
 
@@ -17,21 +17,18 @@ Two forms::
         bar.advance(0.5, label="churn trial 1/3")
         bar.set_label("churn trial 2/3")
 
-Redraws are throttled (at most one every ``min_interval`` seconds, except
-the final one), so calling :meth:`Progress.advance` in a loop is cheap.
-The bar is cleared when the block ends, leaving the line for the output
-that follows.  It is not thread-safe: drive one bar from one thread.
+A bar is driven by one thread.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
-import time
 from collections.abc import Iterable, Iterator
-from typing import TextIO, TypeVar
+from typing import Any, TextIO, TypeVar
 
-__all__ = ["ENV_VAR", "Progress", "progress", "progress_enabled"]
+__all__ = ["ENV_VAR", "Progress", "progress", "progress_enabled", "tqdm_available"]
 
 #: Environment variable that forces the bar on ("1") or off ("0").
 ENV_VAR = "KVPOOL_PROGRESS"
@@ -41,8 +38,13 @@ _TRUE = {"1", "true", "yes", "on", "always"}
 _FALSE = {"0", "false", "no", "off", "never"}
 
 
+def tqdm_available() -> bool:
+    """True when tqdm can be imported (``pip install 'kvpool[progress]'``)."""
+    return importlib.util.find_spec("tqdm") is not None
+
+
 def progress_enabled(stream: TextIO | None = None) -> bool:
-    """Return True when a progress bar should be drawn on ``stream``.
+    """Return True when a bar should be drawn on ``stream`` (tqdm permitting).
 
     ``KVPOOL_PROGRESS`` decides when it is set to a recognised value
     (1/true/yes/on or 0/false/no/off); otherwise the bar is drawn only
@@ -61,16 +63,13 @@ def progress_enabled(stream: TextIO | None = None) -> bool:
 
 
 class Progress:
-    """A one-line progress bar; a context manager.
+    """A bar of ``total`` units, as a context manager; silent without tqdm.
 
     Args:
-        total: the amount of work (any positive number; steps need not be
-            integers).  0 or less draws an indeterminate bar (no percentage).
-        label: text shown after the percentage.
+        total: units of work (0 or less: unknown).
+        label: text shown next to the bar.
         stream: where to draw (default ``sys.stderr``).
-        enabled: draw or not; None (default) asks :func:`progress_enabled`.
-        width: characters inside the brackets.
-        min_interval: minimum seconds between two redraws.
+        enabled: draw or not; None decides with :func:`progress_enabled`.
     """
 
     def __init__(
@@ -80,94 +79,60 @@ class Progress:
         *,
         stream: TextIO | None = None,
         enabled: bool | None = None,
-        width: int = 30,
-        min_interval: float = 0.1,
     ) -> None:
         self.total = float(total)
-        self.done = 0.0
         self.label = label
-        self.stream: TextIO = sys.stderr if stream is None else stream
-        self.enabled = progress_enabled(self.stream) if enabled is None else bool(enabled)
-        self.width = max(1, int(width))
-        self.min_interval = float(min_interval)
-        self._last_draw = float("-inf")
-        self._drawn_len = 0
+        self.done = 0.0
+        out = sys.stderr if stream is None else stream
+        draw = progress_enabled(out) if enabled is None else enabled
+        self._bar: Any = None
+        if draw and tqdm_available():
+            from tqdm import tqdm
+
+            self._bar = tqdm(
+                total=self.total if self.total > 0 else None,
+                desc=label,
+                file=out,
+                leave=False,
+                dynamic_ncols=True,
+            )
 
     def __enter__(self) -> Progress:
-        self._draw(force=True)
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     def advance(self, amount: float = 1.0, label: str | None = None) -> None:
-        """Add ``amount`` to the work done (and optionally change the label); redraw."""
+        """Add ``amount`` units of work done; optionally change the label."""
         self.done += amount
         if label is not None:
-            self.label = label
-        self._draw(force=self.total > 0 and self.done >= self.total)
+            self.set_label(label)
+        if self._bar is not None:
+            self._bar.update(amount)
 
     def set_label(self, label: str, force: bool = False) -> None:
-        """Change the label and redraw (throttled unless ``force``).
-
-        Pass ``force=True`` before a long step, so the label that names it
-        is on screen while it runs.
-        """
+        """Change the text next to the bar (``force`` redraws at once)."""
         self.label = label
-        self._draw(force=force)
+        if self._bar is not None:
+            self._bar.set_description_str(label, refresh=force)
 
-    def render(self) -> str:
-        """The bar as text, without the leading carriage return."""
-        if self.total > 0:
-            frac = min(1.0, max(0.0, self.done / self.total))
-            filled = round(frac * self.width)
-            bar = "#" * filled + " " * (self.width - filled)
-            text = f"[{bar}] {frac * 100:3.0f}%"
-        else:
-            text = f"[{'?' * self.width}]  ..."
-        return f"{text} {self.label}" if self.label else text
-
-    def _draw(self, force: bool = False) -> None:
-        if not self.enabled:
-            return
-        now = time.monotonic()
-        if not force and now - self._last_draw < self.min_interval:
-            return
-        self._last_draw = now
-        text = self.render()
-        # Pad with spaces to wipe what a longer previous line left behind.
-        pad = max(0, self._drawn_len - len(text))
-        self.stream.write("\r" + text + " " * pad)
-        self.stream.flush()
-        self._drawn_len = len(text)
+    @property
+    def drawing(self) -> bool:
+        """True when a bar is on the stream."""
+        return self._bar is not None
 
     def close(self) -> None:
-        """Clear the bar's line (idempotent)."""
-        if self.enabled and self._drawn_len:
-            self.stream.write("\r" + " " * self._drawn_len + "\r")
-            self.stream.flush()
-            self._drawn_len = 0
+        """Remove the bar from the stream.  Idempotent."""
+        bar, self._bar = self._bar, None
+        if bar is not None:
+            bar.close()
 
 
-def progress(
-    iterable: Iterable[_T],
-    total: float | None = None,
-    label: str = "",
-    *,
-    stream: TextIO | None = None,
-    enabled: bool | None = None,
-) -> Iterator[_T]:
-    """Yield the items of ``iterable`` while drawing a bar (one step per item).
-
-    ``total`` defaults to ``len(iterable)`` when it has one (else the bar is
-    indeterminate).  The bar is cleared when the loop ends or is left early.
-    """
-    if total is None:
-        try:
-            total = len(iterable)  # type: ignore[arg-type]
-        except TypeError:
-            total = 0
-    with Progress(total, label, stream=stream, enabled=enabled) as bar:
-        for item in iterable:
+def progress(items: Iterable[_T], label: str = "", *, stream: TextIO | None = None) -> Iterator[_T]:
+    """Yield ``items`` while a bar counts them (its total is ``len(items)`` when known)."""
+    total = len(items) if hasattr(items, "__len__") else 0  # type: ignore[arg-type]
+    with Progress(total, label, stream=stream) as bar:
+        for item in items:
             yield item
             bar.advance(1)

@@ -19,6 +19,8 @@ from typing import Any
 
 __all__ = [
     "Capabilities",
+    "format_bytes",
+    "rss_bytes",
     "HugePagePool",
     "capabilities",
     "current_numa_node",
@@ -30,13 +32,21 @@ _HUGEPAGES_2M = Path("/sys/kernel/mm/hugepages/hugepages-2048kB")
 _THP_MODES = {0: "never", 1: "madvise", 2: "always", -1: "unknown"}
 
 
-def _fmt_bytes(n: int) -> str:
-    value = float(n)
-    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if value < 1024 or unit == "PiB":
-            return f"{n} bytes" if unit == "bytes" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{n} bytes"  # pragma: no cover - loop always returns
+def format_bytes(n: float) -> str:
+    """``n`` bytes in the largest binary unit that keeps it short: 4 GiB, 256 MiB, 1.5 KiB."""
+    for unit, shift in (("PiB", 50), ("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if abs(n) >= 1 << shift:
+            return f"{n / (1 << shift):.4g} {unit}"
+    return f"{n:.0f} B"
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def rss_bytes() -> int:
+    """Resident set size of this process, in bytes (from ``/proc/self/statm``)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * _PAGE
 
 
 @dataclass(frozen=True)
@@ -136,12 +146,12 @@ class Capabilities:
         if self.memlock_limit is not None:
             if self.memlock_exempt:
                 tips.append(
-                    f"memlock: limit {_fmt_bytes(self.memlock_limit)} does not bind: this "
+                    f"memlock: limit {format_bytes(self.memlock_limit)} does not bind: this "
                     "process has CAP_IPC_LOCK (root), so mlock pinning works at any size."
                 )
             else:
                 tips.append(
-                    f"memlock: limit {_fmt_bytes(self.memlock_limit)}; mlock pinning of larger "
+                    f"memlock: limit {format_bytes(self.memlock_limit)}; mlock pinning of larger "
                     "pools is refused (pinned='none'). Raise it: ulimit -l unlimited, a "
                     "'memlock' line in /etc/security/limits.conf, or docker run --ulimit "
                     "memlock=-1."
@@ -174,16 +184,16 @@ class Capabilities:
             cuda = f"no ({self.cuda_error})"
         lines.append(f"  CUDA                 {cuda}")
         for pool in self.hugepages:
-            size = _fmt_bytes(pool.page_size_kib * 1024)
+            size = format_bytes(pool.page_size_kib * 1024)
             lines.append(
                 f"  hugepages {size:<10} {pool.free} free of {pool.total}"
-                f" ({_fmt_bytes(max(pool.free, 0) * pool.page_size_kib * 1024)} free)"
+                f" ({format_bytes(max(pool.free, 0) * pool.page_size_kib * 1024)} free)"
             )
         if not self.hugepages:
             lines.append("  hugepages            none (no hugetlb support)")
         lines.append(f"  THP                  {self.thp_mode}")
         lines.append(f"  NUMA nodes           {', '.join(map(str, self.numa_nodes))}")
-        limit = "unlimited" if self.memlock_limit is None else _fmt_bytes(self.memlock_limit)
+        limit = "unlimited" if self.memlock_limit is None else format_bytes(self.memlock_limit)
         exempt = " (CAP_IPC_LOCK: not enforced)" if self.memlock_exempt else ""
         lines.append(f"  memlock limit        {limit}{exempt}")
         lines.append(f"  MADV_POPULATE_WRITE  {'yes' if self.populate_write else 'no'}")
@@ -191,7 +201,7 @@ class Capabilities:
             f"  CPUs                 {self.cpu_affinity} usable of {self.cpu_count} online; "
             f"populate uses {self.default_populate_threads} thread(s)"
         )
-        lines.append(f"  RAM                  {_fmt_bytes(self.mem_total)}")
+        lines.append(f"  RAM                  {format_bytes(self.mem_total)}")
         lines.append(f"  page size            {self.page_size} bytes")
         lines.append(f"  libpinmem            {self.library_path}")
         tips = self.advice()

@@ -29,6 +29,7 @@ import torch
 from kvpool.cli.bench.core import Benchmark, Case, Metric, MiB, Settings
 from kvpool.cli.bench.naive import SlicePagedPool
 from kvpool.formats import MemoryFormat
+from kvpool.native.machine import rss_bytes
 from kvpool.pool.extent import TensorMemoryAllocator
 from kvpool.pool.handle import TensorMemoryObj
 from kvpool.pool.paged import PagedTensorMemoryAllocator
@@ -42,12 +43,6 @@ _KV_BYTES = KV_SHAPE.numel() * KV_DTYPE.itemsize
 _BATCH = 64
 _POOL_BYTES = 256 * MiB  # 512 chunks
 _FMT = MemoryFormat.KV_2LTD
-
-
-def rss_bytes() -> int:
-    """Resident set size of this process, in bytes (from /proc/self/statm)."""
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * _PAGE
 
 
 _PAGE = os.sysconf("SC_PAGESIZE")

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvpool.cli.progress import Progress
+from kvpool.native.machine import format_bytes
 
 __all__ = [
     "Benchmark",
@@ -43,14 +44,6 @@ __all__ = [
 KiB = 1 << 10
 MiB = 1 << 20
 GiB = 1 << 30
-
-
-def format_bytes(n: int) -> str:
-    """``n`` bytes in the largest binary unit that keeps it short: 4 GiB, 256 MiB, 1.5 KiB."""
-    for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if n >= 1 << shift:
-            return f"{n / (1 << shift):.4g} {unit}"
-    return f"{n} B"
 
 
 @dataclass(frozen=True)

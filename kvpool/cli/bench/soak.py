@@ -31,16 +31,11 @@ from typing import Any
 import torch
 
 from kvpool.formats import MemoryFormat
+from kvpool.native.machine import rss_bytes
 from kvpool.pool.extent import TensorMemoryAllocator
 from kvpool.remote import FileStore
 
 PAGE = os.sysconf("SC_PAGESIZE")
-
-
-def rss_bytes() -> int:
-    """Resident set size of this process, from /proc/self/statm."""
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * PAGE
 
 
 def default_directory() -> str:
