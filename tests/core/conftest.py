@@ -1,8 +1,8 @@
 """Fixtures and helpers for the pure-Python core tests (no native library needed).
 
 * Every test starts with strict mode *off* (whatever ``KVPOOL_STRICT`` says)
-  and gets the previous setting back afterwards; ``strict`` switches it on
-  for one test.
+  and gets the previous setting back afterwards; ``strict``
+  (``tests/conftest.py``) switches it on for one test.
 * ``kvlog`` is pytest's ``caplog`` capturing the ``kvpool`` logger at
   WARNING, with a helper that returns the captured warning messages.
 * ``make_extent`` / ``make_paged`` build small pools over fresh tensors.
@@ -26,14 +26,6 @@ PAGE = 4096
 @pytest.fixture(autouse=True)
 def _strict_off() -> Iterator[None]:
     previous = kvpool.set_strict_mode(False)
-    yield
-    kvpool.set_strict_mode(previous)
-
-
-@pytest.fixture
-def strict() -> Iterator[None]:
-    """Strict mode on for the duration of one test."""
-    previous = kvpool.set_strict_mode(True)
     yield
     kvpool.set_strict_mode(previous)
 

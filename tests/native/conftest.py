@@ -17,7 +17,6 @@ import contextlib
 import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -71,24 +70,6 @@ def fake_cudart(tmp_path_factory: pytest.TempPathFactory) -> Path:
     cmd = [cc, "-O2", "-Wall", "-fPIC", "-shared", "-pthread", "-o", str(out), str(source)]
     subprocess.run(cmd, check=True)
     return out
-
-
-@pytest.fixture(scope="session")
-def child_env() -> dict[str, str]:
-    """Environment for a child Python that must import this same kvpool."""
-    import kvpool.native.buffer
-
-    env = dict(os.environ)
-    package_parent = str(Path(kvpool.native.buffer.__file__).resolve().parents[1])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
-    env["KVPOOL_CUDART"] = ""
-    return env
-
-
-@pytest.fixture(scope="session")
-def python() -> str:
-    """The interpreter running the tests (children use the same one)."""
-    return sys.executable
 
 
 class Smaps:

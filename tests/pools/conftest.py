@@ -3,47 +3,28 @@
 * ``pin_monitor`` (autouse): every test starts and ends with the
   process-wide PinMonitor reset to its defaults (no pins, no thread, no
   callback).
-* ``strict`` / ``lenient``: misuse raises / is logged (restored afterwards).
 * ``mappings``: native mappings alive when the test started (garbage
   collected first); compare with ``pool_helpers.count_mappings()``.
 * ``hugepages_reserved``: at least 8 free 2 MiB pages during the test,
   reserved as root and given back right after it (or a skip with the reason).
 * ``no_auto_hugepages``: pools not asked for hugepages use 4 KiB pages, so
   that a hugepage pool reserved by another test does not change them.
-* ``shm_name``: a fresh POSIX shared-memory name, unlinked afterwards if a
-  test left it behind.
-* ``child_env`` / ``python``: for child processes that import this kvpool.
+
+``strict``, ``lenient``, ``shm_name``, ``child_env`` and ``python`` come from
+``tests/conftest.py``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import gc
-import os
 import sys
-import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from hugepage_pool import reserve_hugepages
 from pool_helpers import count_mappings
 
 import kvpool
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _fast_gc() -> Iterator[None]:
-    """Move what exists now (torch's and pytest's objects) out of the collector's way.
-
-    The leak checks call gc.collect() often; with torch imported each call
-    walks ~10^6 objects (~0.1 s).  Frozen objects are never freed, so only
-    objects that live for the whole session anyway are frozen.
-    """
-    gc.collect()
-    gc.freeze()
-    yield
-    gc.unfreeze()
 
 
 def _reset_monitor() -> None:
@@ -60,22 +41,6 @@ def pin_monitor() -> Iterator[kvpool.PinMonitor]:
     _reset_monitor()
     yield kvpool.PinMonitor.GetOrCreate()
     _reset_monitor()
-
-
-@pytest.fixture
-def strict() -> Iterator[None]:
-    """Misuse raises for the duration of the test."""
-    previous = kvpool.set_strict_mode(True)
-    yield
-    kvpool.set_strict_mode(previous)
-
-
-@pytest.fixture
-def lenient() -> Iterator[None]:
-    """Misuse is logged as a warning, not raised, for the duration of the test."""
-    previous = kvpool.set_strict_mode(False)
-    yield
-    kvpool.set_strict_mode(previous)
 
 
 @pytest.fixture
@@ -103,28 +68,3 @@ def hugepages_reserved() -> Iterator[int]:
 def no_auto_hugepages(monkeypatch: pytest.MonkeyPatch) -> None:
     """Pools that were not asked for hugepages use 4 KiB pages."""
     monkeypatch.setenv("KVPOOL_HUGEPAGES", "never")
-
-
-@pytest.fixture
-def shm_name() -> Iterator[str]:
-    """A unique shared-memory name; unlinked after the test if it still exists."""
-    name = f"/kvpool-test-{os.getpid()}-{uuid.uuid4().hex[:12]}"
-    yield name
-    with contextlib.suppress(kvpool.SharedMemoryNotFoundError):
-        kvpool.unlink_shm(name)
-
-
-@pytest.fixture(scope="session")
-def child_env() -> dict[str, str]:
-    """Environment for a child Python that must import this same kvpool."""
-    env = dict(os.environ)
-    package_parent = str(Path(kvpool.__file__).resolve().parents[1])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
-    env["KVPOOL_CUDART"] = ""  # the child needs no CUDA
-    return env
-
-
-@pytest.fixture(scope="session")
-def python() -> str:
-    """The interpreter running the tests (children use the same one)."""
-    return sys.executable
