@@ -16,7 +16,7 @@ registry (as serving engines do)::
 Needs ``prometheus_client`` (``pip install 'kvpool[metrics]'``).
 
 Nothing is counted on the allocation path: a scrape asks each open pool
-for its :class:`~kvpool.interface.PoolStats` (exact, under the pool's
+for its :class:`~kvpool.pool.interface.PoolStats` (exact, under the pool's
 lock) and each open store for its
 :class:`~kvpool.remote.counters.StoreCounters`.  Pools and stores are
 found in weak registries, so a pool or store that is closed or garbage
@@ -74,7 +74,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 from kvpool.errors import InvalidArgumentError
-from kvpool.pools import live_pools
+from kvpool.pool.monitor import live_pools
 from kvpool.remote.base import live_stores
 from kvpool.remote.counters import LATENCY_BUCKETS
 
@@ -88,7 +88,7 @@ __all__ = [
     "start_http_server",
 ]
 
-#: The :class:`~kvpool.interface.PoolStats` field with the bytes held only
+#: The :class:`~kvpool.pool.interface.PoolStats` field with the bytes held only
 #: by views of freed objects; the first one present is exported (0 when
 #: the pool's statistics have none).
 VIEW_HELD_FIELDS = ("view_held_bytes", "bytes_held_by_views")
