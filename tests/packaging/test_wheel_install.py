@@ -87,7 +87,7 @@ def test_wheel_is_manylinux_and_carries_the_library_and_license(dist: Path) -> N
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
         info = f"kvpool-{kvpool.__version__}.dist-info"
-        assert {"kvpool/libpinmem.so", "kvpool/_pinmem_ffi.py", "kvpool/py.typed"} <= names
+        assert {"kvpool/native/libpinmem.so", "kvpool/native/_pinmem_ffi.py", "kvpool/py.typed"} <= names
         assert f"{info}/licenses/LICENSE" in names
         assert "Apache License" in zf.read(f"{info}/licenses/LICENSE").decode()
         metadata = zf.read(f"{info}/METADATA").decode()
@@ -107,7 +107,7 @@ def test_sdist_carries_the_sources_the_wheel_is_built_from(dist: Path) -> None:
     for needed in ("LICENSE", "build.py", "setup.py", "pyproject.toml", "libpinmem/pinmem.h"):
         assert needed in names, needed
     assert any(n.startswith("libpinmem/") and n.endswith(".c") for n in names)
-    assert "kvpool/libpinmem.so" not in names  # built at install time, not shipped
+    assert "kvpool/native/libpinmem.so" not in names  # built at install time, not shipped
 
 
 def test_wheel_installs_in_a_fresh_venv_and_works_from_another_directory(
