@@ -87,7 +87,8 @@ def test_wheel_is_manylinux_and_carries_the_library_and_license(dist: Path) -> N
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
         info = f"kvpool-{kvpool.__version__}.dist-info"
-        assert {"kvpool/native/libpinmem.so", "kvpool/native/_pinmem_ffi.py", "kvpool/py.typed"} <= names
+        shipped = {"kvpool/native/libpinmem.so", "kvpool/native/_pinmem_ffi.py", "kvpool/py.typed"}
+        assert shipped <= names
         assert f"{info}/licenses/LICENSE" in names
         assert "Apache License" in zf.read(f"{info}/licenses/LICENSE").decode()
         metadata = zf.read(f"{info}/METADATA").decode()
