@@ -4,6 +4,8 @@
 #   make check      build and run libpinmem's C test program
 #   make test       install what a fresh machine lacks, build, make check, pytest
 #   make demo       run the main job: the capability report, then a verified put/get round trip
+#                   (installs kvpool and what it needs, no test extras, into $(PYTHON)'s
+#                   environment, which it names first; PYTHON=.venv/bin/python for a venv)
 #   make bench      kvpool's benchmarks against naive baselines (kvpool bench);
 #                   options in BENCH_ARGS, e.g. make bench BENCH_ARGS=--quick
 #   make lint       ruff check + ruff format --check (installs the pinned ruff if missing)
@@ -24,7 +26,7 @@ BUILD := libpinmem/build
 CFLAGS_TEST := -O2 -Wall -Wextra -Werror -std=gnu11 -pthread
 HEADERS := $(wildcard libpinmem/*.h)
 
-.PHONY: all lib check test deps demo bench lint lint-tools wheel wheel-tools clean fake-cudart
+.PHONY: all lib check test deps demo-deps demo bench lint lint-tools wheel wheel-tools clean fake-cudart
 
 all: lib
 
@@ -54,7 +56,15 @@ deps:
 test: deps lib check fake-cudart
 	$(PYTHON) -m pytest tests
 
-demo: deps lib
+# Only what the demo needs: torch (the CPU build, pinned as for deps) and
+# kvpool with its dependencies.
+demo-deps:
+	@echo "make demo: installing kvpool into $$($(PYTHON) -c 'import sys; print(sys.prefix)')" \
+		"(PYTHON=$(PYTHON); give PYTHON=/path/to/venv/bin/python to use a virtual environment)"
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e .
+
+demo: demo-deps lib
 	$(PYTHON) -m kvpool info
 	$(PYTHON) -m kvpool demo
 

@@ -91,7 +91,7 @@ __all__ = [
 #: The :class:`~kvpool.pool.interface.PoolStats` field with the bytes held only
 #: by views of freed objects; the first one present is exported (0 when
 #: the pool's statistics have none).
-VIEW_HELD_FIELDS = ("view_held_bytes", "bytes_held_by_views")
+VIEW_HELD_FIELDS = ("held_by_views_bytes",)
 
 _POOL_LABELS = ["pool", "name", "backing", "policy"]
 _STORE_LABELS = ["store", "name"]
@@ -163,7 +163,10 @@ class KVPoolCollector(Collector):
                 ("objects", "Live objects in the pool."),
                 ("pinned_objects", "Live objects with a pin count above zero."),
                 ("largest_free_block_bytes", "Largest allocation that can succeed now."),
-                ("fragmentation_ratio", "1 - largest free block / free bytes (see PoolStats)."),
+                (
+                    "fragmentation_ratio",
+                    "Extent pools: 1 - largest free block / free bytes; paged pools: 0.",
+                ),
             )
         }
         count = 0

@@ -96,7 +96,7 @@ def test_scraped_pool_gauges_equal_stats(server: metrics.MetricsServer) -> None:
             for name, field in POOL_GAUGES.items():
                 got = value(samples, name, **labels)
                 assert got == pytest.approx(getattr(stats, field)), (name, labels, stats)
-            held = getattr(stats, "view_held_bytes", getattr(stats, "bytes_held_by_views", 0))
+            held = stats.held_by_views_bytes
             assert value(samples, "kvpool_pool_view_held_bytes", **labels) == held
         assert metrics.pool_labels(shared)["name"] == shm_name
         assert metrics.pool_labels(extent)["policy"] == "extent"
