@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -14,8 +15,15 @@ ROOT = Path(__file__).resolve().parents[2]
 def dry_run(target: str, *args: str) -> str:
     if shutil.which("make") is None:
         pytest.skip("make is not installed")
+    # Not the variables of a make that runs this test (make test PIP=...).
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
     done = subprocess.run(
-        ["make", "-n", target, *args], cwd=ROOT, capture_output=True, text=True, timeout=60
+        ["make", "-n", target, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
     )
     assert done.returncode == 0, done.stderr
     return done.stdout

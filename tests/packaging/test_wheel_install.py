@@ -53,7 +53,8 @@ def _run(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
 
 def _clean_env() -> dict[str, str]:
     """This environment without anything that would point Python at the source tree."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    skip = ("PYTHONPATH", "PYTHONHOME", "MAKEFLAGS", "MAKELEVEL", "MFLAGS")
+    env = {k: v for k, v in os.environ.items() if k not in skip}
     env["PYTHONNOUSERSITE"] = "1"
     return env
 
