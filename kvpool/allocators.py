@@ -51,6 +51,8 @@ from kvpool.pool.objects import MemoryObj
 from kvpool.pool.paged import PagedTensorMemoryAllocator
 from kvpool.pool.policy import PlacementSpec
 from kvpool.pool.pools import MemoryPool
+from kvpool.pool.shared import AttachedPool, IndexedPool, SharedPoolBacking, index_slots
+from kvpool.pool.shmindex import IndexWriter
 
 __all__ = [
     "AdHocMemoryAllocator",
@@ -73,7 +75,7 @@ PLACEMENT_KEYWORDS = frozenset({"shapes", "dtypes", "fmt", "align_bytes"})
 #: Keywords a host pool takes for where its memory lives.
 NUMA_KEYWORDS = frozenset({"numa_mapping", "numa_node"})
 #: Keywords of :class:`MixedMemoryAllocator` beyond those.
-MIXED_KEYWORDS = frozenset({"shm_name", "shm_reuse", "config", "pin"})
+MIXED_KEYWORDS = frozenset({"shm_name", "shm_reuse", "shm_index_slots", "config", "pin"})
 
 
 def _numa_node(kwargs: dict[str, Any]) -> int | None:
@@ -133,7 +135,7 @@ class PinMemoryAllocator(_HostPool):
     _pin = "auto"
 
 
-class MixedMemoryAllocator(MemoryPool):
+class MixedMemoryAllocator(IndexedPool):
     """Pinned host memory for KV formats plus byte buffers for ``BINARY_BUFFER``.
 
     Args:
@@ -149,7 +151,16 @@ class MixedMemoryAllocator(MemoryPool):
             with other processes; also read from ``config``'s extra config
             as in the reference), ``shm_reuse`` (replace a leftover segment),
             ``pin`` (how to pin, as :class:`~kvpool.native.spec.HostSpec`;
-            default "auto") and ``shapes``/``dtypes``/``fmt`` for paging.
+            default "auto"), ``shm_index_slots`` (objects a shared pool's
+            index describes at once; 0: no index; default one per 64 KiB,
+            or one per page of a paged pool) and ``shapes``/``dtypes``/``fmt``
+            for paging.
+
+    A shared pool describes each object it places (shapes, dtypes,
+    format, and the key given to ``publish``) in an index inside its
+    segment, so a process that attaches it (:func:`attach_pool`) rebuilds
+    typed views with ``attached.tensor(offset_or_key)``; see
+    :class:`~kvpool.pool.shared.IndexedPool` for ``publish``.
 
     Raises:
         ArgumentTypeError: an unknown keyword (named, with the closest one).
@@ -193,10 +204,11 @@ class MixedMemoryAllocator(MemoryPool):
             shm_name=self.shm_name,
             shm_reuse=kwargs.get("shm_reuse", False),
         )
+        slots = index_slots(spec.size, use_paging, kwargs) if self.shm_name else 0
+        backing: Backing = SharedPoolBacking(spec, slots) if slots else HostBacking(spec)
+        self._index: IndexWriter | None = getattr(backing, "index", None)
         placement = PlacementSpec.from_reference(use_paging, kwargs, align_bytes=self.align_bytes)
-        super().__init__(
-            HostBacking(spec), placement, byte_buffers=True, name="MixedMemoryAllocator"
-        )
+        super().__init__(backing, placement, byte_buffers=True, name="MixedMemoryAllocator")
 
     @property
     def pin_allocator(self) -> Any:
@@ -204,23 +216,43 @@ class MixedMemoryAllocator(MemoryPool):
         return self.allocator
 
 
-def attach_pool(shm_name: str, size: int | None = None) -> HostBacking:
+def attach_pool(shm_name: str, size: int | None = None) -> AttachedPool:
     """Map the shared memory of a pool another process created with ``shm_name``.
 
-    Read an object of that pool with its ``shm_offset`` and
-    ``shm_byte_length``: ``backing.view[off:off + length]``.
+    The result, an :class:`~kvpool.pool.shared.AttachedPool`, has:
+
+    * ``tensor(where)`` / ``tensors(where)`` - zero-copy tensors of the
+      creator's object at byte offset ``where`` (an ``int``, its
+      ``shm_offset``) or published under key ``where`` (a ``str``, see
+      ``MixedMemoryAllocator.publish``), with the shapes and dtypes
+      the creator gave it: nothing needs to be sent out of band;
+    * ``entry(where)`` / ``entries()`` - what the index says (offset,
+      bytes, shapes, dtypes, format, key);
+    * ``view`` - the pool's bytes as a memoryview: an object's bytes are
+      ``view[obj.shm_offset : obj.shm_offset + obj.shm_byte_length]``;
+    * ``buffer`` (a flat ``uint8`` tensor), ``size``, ``indexed``,
+      ``describe()``, and ``close()`` (also ``with``), which unmaps and
+      never removes the segment.
+
+    Do not attach with ``multiprocessing.shared_memory.SharedMemory(name)``
+    instead: Python's resource tracker unlinks a segment it attached when
+    that process exits, removing the creator's segment.
 
     Args:
         shm_name: the pool's ``shm_name``.
-        size: bytes to map (default: the whole segment).
+        size: bytes to map (default: the whole segment; a pool mapped in
+            part has no index, only ``view``).
 
     Returns:
-        A :class:`~kvpool.pool.backing.HostBacking`; close it to detach.
+        The :class:`~kvpool.pool.shared.AttachedPool`; close it to detach.
 
     Raises:
         SharedMemoryNotFoundError: no pool of that name exists.
+        InvalidArgumentError: a bad name, or a size that is not positive
+            or exceeds the segment.
+        InvalidHandleError: the segment's index is damaged.
     """
-    return HostBacking.attach(shm_name, size)
+    return AttachedPool(shm_name, size)
 
 
 class _DevicePool(MemoryPool):

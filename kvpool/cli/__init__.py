@@ -18,13 +18,27 @@ and returns the process exit status.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["SUBCOMMANDS", "build_parser", "main", "run_info"]
+__all__ = ["SUBCOMMANDS", "build_parser", "main", "run_info", "version"]
+
+
+def version() -> str:
+    """kvpool's version, from the installed distribution's metadata.
+
+    Read there rather than from ``kvpool.__version__``: the package facade
+    sits above this layer.  The two agree, as ``pyproject.toml`` takes the
+    distribution's version from ``kvpool.__version__``.
+    """
+    try:
+        return importlib.metadata.version("kvpool")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed: pip install .)"
 
 
 def run_info(args: argparse.Namespace) -> int:
@@ -77,7 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kvpool",
         description="kvpool: host memory for LLM KV-cache offloading.",
+        epilog="Run 'kvpool COMMAND --help' for the options of each command.",
     )
+    parser.add_argument("--version", action="version", version=f"kvpool {version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
     for add in SUBCOMMANDS:

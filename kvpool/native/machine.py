@@ -13,6 +13,7 @@ when libpinmem is not built; the others load it on first use.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,10 @@ __all__ = [
 ]
 
 _HUGEPAGES_2M = Path("/sys/kernel/mm/hugepages/hugepages-2048kB")
+_NVIDIA_DRIVER = Path("/proc/driver/nvidia/version")
+# cudaError_t values that name the cause (CUDA runtime API).
+_CUDA_NO_DRIVER = {35, 3}  # cudaErrorInsufficientDriver, cudaErrorInitializationError
+_CUDA_NO_DEVICE = {100, 101}  # cudaErrorNoDevice, cudaErrorInvalidDevice
 _THP_MODES = {0: "never", 1: "madvise", 2: "always", -1: "unknown"}
 
 
@@ -119,15 +124,51 @@ class Capabilities:
         """Return the probe as plain JSON-ready values."""
         return asdict(self)
 
+    def cuda_problem(self) -> tuple[str, str]:
+        """Why CUDA is not usable and what fixes it: ``(cause, fix)``, in plain words.
+
+        The cause is one of: no CUDA runtime (libcudart) was found; no
+        NVIDIA driver is loaded, or it is older than the runtime; the driver
+        sees no device.  ``("", "")`` when CUDA is usable.
+        """
+        if self.cuda_available:
+            return "", ""
+        if not self.cuda_runtime_path:
+            detail = f" ({self.cuda_error})" if self.cuda_error else ""
+            return (
+                f"no CUDA runtime (libcudart) was found{detail}",
+                "a CUDA build of torch brings one, or set KVPOOL_CUDART=/path/to/libcudart.so.12",
+            )
+        error = self.cuda_error or ""
+        match = re.search(r"\((\d+)\)\s*$", error)
+        code = int(match.group(1)) if match else None
+        if code in _CUDA_NO_DRIVER or "driver" in error.lower():
+            if not _NVIDIA_DRIVER.exists():
+                return (
+                    f"no NVIDIA driver is loaded (the CUDA runtime {self.cuda_runtime_path} "
+                    f"reports: {error or 'no driver'})",
+                    "install the NVIDIA driver on the host (in a container, run it with the "
+                    "GPUs passed through, e.g. docker run --gpus all)",
+                )
+            return (
+                f"the NVIDIA driver is older than the CUDA runtime {self.cuda_runtime_path} "
+                f"(it reports: {error})",
+                "upgrade the driver, or point KVPOOL_CUDART at a runtime the driver supports",
+            )
+        if code in _CUDA_NO_DEVICE or self.cuda_device_count == 0:
+            return (
+                f"the NVIDIA driver sees no CUDA device ({error or '0 devices'})",
+                "check that the machine has a GPU, and CUDA_VISIBLE_DEVICES and the "
+                "container's --gpus option",
+            )
+        return f"CUDA is not usable ({error or 'unknown reason'})", "see the error above"
+
     def advice(self) -> list[str]:
         """Return one line per thing worth changing, with the command that does it."""
         tips: list[str] = []
         if not self.cuda_available:
-            tips.append(
-                f"CUDA: not usable ({self.cuda_error or 'no runtime'}); pin='auto' uses mlock "
-                "instead. A CUDA build of torch brings libcudart, or set "
-                "KVPOOL_CUDART=/path/to/libcudart.so.12."
-            )
+            cause, fix = self.cuda_problem()
+            tips.append(f"CUDA: {cause}; pin='auto' uses mlock instead. Fix: {fix}.")
         pool = self.hugepage_pool(2048)
         if pool is None:
             tips.append(
@@ -178,10 +219,8 @@ class Capabilities:
                 f"yes, {self.cuda_device_count} device(s), runtime {self.cuda_runtime_version} "
                 f"({self.cuda_runtime_path})"
             )
-        elif self.cuda_runtime_path:
-            cuda = f"runtime {self.cuda_runtime_path} loaded, no usable device: {self.cuda_error}"
         else:
-            cuda = f"no ({self.cuda_error})"
+            cuda = f"not usable: {self.cuda_problem()[0]}"
         lines.append(f"  CUDA                 {cuda}")
         for pool in self.hugepages:
             size = format_bytes(pool.page_size_kib * 1024)
@@ -192,7 +231,9 @@ class Capabilities:
         if not self.hugepages:
             lines.append("  hugepages            none (no hugetlb support)")
         lines.append(f"  THP                  {self.thp_mode}")
-        lines.append(f"  NUMA nodes           {', '.join(map(str, self.numa_nodes))}")
+        count = len(self.numa_nodes)
+        nodes = ", ".join(map(str, self.numa_nodes))
+        lines.append(f"  NUMA                 {count} node{'s' if count != 1 else ''}: {nodes}")
         limit = "unlimited" if self.memlock_limit is None else format_bytes(self.memlock_limit)
         exempt = " (CAP_IPC_LOCK: not enforced)" if self.memlock_exempt else ""
         lines.append(f"  memlock limit        {limit}{exempt}")

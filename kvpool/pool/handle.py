@@ -574,7 +574,10 @@ class TensorMemoryObj(MemoryObj):
         """Byte offset of the object inside its pool's memory.
 
         Unlike ``meta.address`` (a page *index* in paged pools) this is
-        always a byte offset, usable with ``attach`` from another process.
+        always a byte offset: another process that attached the pool with
+        :func:`kvpool.attach_pool` reads the object at it
+        (``attached.tensor(obj.shm_offset)``, or
+        ``attached.view[off : off + obj.shm_byte_length]``).
         """
         return self.offset if self.owner is not None else self.record.address
 

@@ -25,9 +25,13 @@ class PoolStats:
         free_bytes: ``total_bytes - used_bytes``.
         active_objects: live objects.
         pinned_objects: live objects with a pin count above zero.
-        largest_free_block: largest allocation that can succeed now, in bytes.
-        fragmentation: ``1 - largest_free_block / free_bytes`` (0 when the
-            free space is one block or there is none).
+        largest_free_block: largest allocation that can succeed now, in
+            bytes (in a paged pool: one page while any page is free, else 0).
+        fragmentation: external fragmentation of the free space, in [0, 1).
+            Extent pool: ``1 - largest_free_block / free_bytes`` (0 when the
+            free space is one block or there is none).  Paged pool: always
+            0, since any free page fits any allocation (the formula does not
+            apply there: its largest block is one page).
         held_by_views_bytes: of ``used_bytes``, the bytes of freed objects
             that views (``byte_array``, tensors) still hold; they become
             free when the last view is gone.

@@ -13,12 +13,21 @@ to the pool underneath the I/O.
 A ``get`` that fails - a truncated or corrupted entry, a layout that does
 not match, a lost connection - frees the object it allocated before it
 raises: nothing half-written is ever returned and nothing leaks.
+
+Counters
+--------
+Every store counts its calls, entries, bytes, misses, errors and
+latencies in ``store.counters`` (:mod:`kvpool.remote.counters`); the
+base class wraps the operations each store defines, so a store needs no
+code for it.  :func:`live_stores` lists the open stores (for
+:mod:`kvpool.metrics`).
 """
 
 from __future__ import annotations
 
 import abc
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -35,9 +44,10 @@ from kvpool.formats import MemoryFormat, normalize_layout
 from kvpool.pool.handle import TensorMemoryObj
 from kvpool.pool.interface import MemoryAllocatorInterface
 from kvpool.pool.objects import MemoryObj
+from kvpool.remote.counters import OPERATIONS, StoreCounters, counted, counted_method
 from kvpool.remote.header import EntryInfo, Layout, layout_for, remember, requested
 
-__all__ = ["MAX_KEY_BYTES", "Key", "RemoteStore", "key_bytes"]
+__all__ = ["MAX_KEY_BYTES", "Key", "RemoteStore", "key_bytes", "live_stores"]
 
 #: A store key: ``str`` (encoded as UTF-8) or ``bytes``; ``"a"`` and ``b"a"``
 #: name the same entry.
@@ -227,6 +237,16 @@ def check_pairs(keys: Sequence[object], objs: Sequence[object]) -> None:
         raise InvalidArgumentError(f"batched_put: {len(keys)} keys but {len(objs)} memory objects")
 
 
+_stores: weakref.WeakSet[RemoteStore] = weakref.WeakSet()
+_stores_lock = threading.Lock()
+
+
+def live_stores() -> list[RemoteStore]:
+    """The stores of this process that are not closed (for monitoring)."""
+    with _stores_lock:
+        return [s for s in _stores if not s.closed]
+
+
 class RemoteStore(metaclass=abc.ABCMeta):
     """A key/value store of memory objects: files, Redis/Valkey...
 
@@ -241,9 +261,28 @@ class RemoteStore(metaclass=abc.ABCMeta):
     Batched forms run one operation per key; with ``io_threads > 1`` they
     run on a small thread pool (the I/O releases the GIL).
 
+    Counters: ``counters`` (a :class:`~kvpool.remote.counters.StoreCounters`)
+    counts every call of the operations, entries, bytes, misses, errors by
+    type and latencies; subclasses get this without writing any code
+    (their operations are wrapped when the class is defined).
+
     Args:
         io_threads: threads for the batched forms (1: in the caller's thread).
+
+    Attributes:
+        counters: the store's :class:`~kvpool.remote.counters.StoreCounters`.
     """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for op in OPERATIONS:
+            fn = cls.__dict__.get(op)
+            if (
+                callable(fn)
+                and not getattr(fn, "__isabstractmethod__", False)
+                and not getattr(fn, "_kvpool_counted", False)
+            ):
+                setattr(cls, op, counted_method(op, fn))
 
     def __init__(self, io_threads: int = 1) -> None:
         if isinstance(io_threads, bool) or not isinstance(io_threads, int) or io_threads < 1:
@@ -252,6 +291,9 @@ class RemoteStore(metaclass=abc.ABCMeta):
         self._executor: ThreadPoolExecutor | None = None
         self._executor_lock = threading.Lock()
         self._closed = False
+        self.counters = StoreCounters(type(self).__name__)
+        with _stores_lock:
+            _stores.add(self)
 
     # -- the operations each store implements ------------------------
 
@@ -350,6 +392,7 @@ class RemoteStore(metaclass=abc.ABCMeta):
 
     # -- batched forms -----------------------------------------------
 
+    @counted("batched_put")
     def batched_put(self, keys: Sequence[Key], memory_objs: Sequence[MemoryObj]) -> None:
         """Store each object under its key (``put`` for each pair).
 
@@ -367,6 +410,7 @@ class RemoteStore(metaclass=abc.ABCMeta):
         results = self._map(lambda pair: self.put(*pair), list(zip(keys, memory_objs, strict=True)))
         _raise_first(results)
 
+    @counted("batched_get")
     def batched_get(
         self,
         keys: Sequence[Key],
@@ -395,6 +439,7 @@ class RemoteStore(metaclass=abc.ABCMeta):
             _raise_first(results)
         return results  # type: ignore[return-value]
 
+    @counted("batched_exists")
     def batched_exists(self, keys: Sequence[Key]) -> list[bool]:
         """``exists`` for each key, in order.
 
@@ -404,6 +449,7 @@ class RemoteStore(metaclass=abc.ABCMeta):
         self._check_open()
         return [self.exists(k) for k in keys]
 
+    @counted("batched_delete")
     def batched_delete(self, keys: Sequence[Key]) -> int:
         """``delete`` each key; returns how many entries were removed.
 
@@ -451,7 +497,7 @@ class RemoteStore(metaclass=abc.ABCMeta):
         """
         if self._io_threads > 1 and len(items) > 1:
             executor = self._get_executor()
-            futures = [executor.submit(fn, item) for item in items]
+            futures = [executor.submit(self.counters.run_nested, fn, item) for item in items]
             out: list[Any] = []
             for future in futures:
                 try:

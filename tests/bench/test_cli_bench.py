@@ -88,17 +88,29 @@ def test_several_benchmarks_in_one_run_keep_their_order(tmp_path: Path) -> None:
         check_report(report, name, repeat=1)
 
 
-def test_missing_optional_benchmark_is_skipped_with_a_note(tmp_path: Path) -> None:
+def test_optional_benchmark_that_cannot_run_is_skipped_or_refused(tmp_path: Path) -> None:
+    from kvpool.cli.bench import SkipBenchmark, resolve
+
     name = next(iter(OPTIONAL))
+    try:
+        resolve(name)
+    except SkipBenchmark as exc:
+        reason = str(exc)
+    else:
+        pytest.skip(f"{name} can run here (its code has landed)")
+    # Asked for by --only: refused before anything runs, in plain words, non-zero.
+    proc = kvpool_cli("bench", *TINY, "--only", name)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"{name} cannot run here: {reason}" in proc.stderr
+    assert "kvpool_benchmark" not in proc.stderr and "kvpool.cli" not in proc.stderr
+    # In a run that did not ask for it: listed as not run, with the reason, exit 0.
     out = tmp_path / "opt.json"
-    proc = kvpool_cli("bench", *TINY, "--only", name, "--json", str(out))
+    others = ",".join(n for n in BUILTIN)
+    proc = kvpool_cli("bench", *TINY, "--skip", others, "--json", str(out))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     bench = json.loads(out.read_text())["benchmarks"][name]
-    if bench["status"] == "skipped":
-        assert bench["note"]
-        assert "SKIPPED" in proc.stdout
-    else:  # the remote stores' benchmark has landed
-        assert bench["status"] == "ok"
+    assert bench["status"] == "skipped" and bench["note"] == reason
+    assert f"{name}: not run here: {reason}" in proc.stdout
 
 
 def test_progress_bar_can_be_forced_into_a_pipe() -> None:

@@ -182,13 +182,18 @@ def test_optional_benchmark_module_without_hook_or_imports(
     broken.write_text("import no_such_dependency_xyz\n")
     source = OptionalSource("remote", modules=("broken_bench_xyz",))
     monkeypatch.setitem(benchmarks.OPTIONAL, "remote_put_get", source)
-    with pytest.raises(SkipBenchmark, match="cannot be imported"):
+    with pytest.raises(SkipBenchmark, match="needs no_such_dependency_xyz, which is not installed"):
         resolve("remote_put_get")
 
 
-def test_optional_benchmark_absent() -> None:
-    with pytest.raises(SkipBenchmark, match="not available yet"):
+def test_optional_benchmark_absent_says_why_in_plain_words(monkeypatch: pytest.MonkeyPatch) -> None:
+    source = OptionalSource(
+        "remote", modules=("no_such_bench_module_xyz",), missing="this kvpool has no such thing"
+    )
+    monkeypatch.setitem(benchmarks.OPTIONAL, "remote_put_get", source)
+    with pytest.raises(SkipBenchmark) as info:
         resolve("remote_put_get")
+    assert str(info.value) == "this kvpool has no such thing"  # no module or hook names
 
 
 # -- the CLI in-process ------------------------------------------------

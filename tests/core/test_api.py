@@ -288,25 +288,30 @@ def _seed_default(node: ast.expr) -> object:
     return eval(compile(ast.Expression(node), "<seed>", "eval"), namespace)
 
 
-@pytest.mark.skipif(not SEED_METHODS, reason="reference seeds (shared/seeds) not found")
-@pytest.mark.parametrize(("owner", "method"), sorted(SEED_METHODS))
-def test_signature_matches_seed(owner: str, method: str) -> None:
-    node = SEED_METHODS[owner, method]
-    ours = getattr(getattr(kvpool, owner), method, None)
-    assert ours is not None, f"kvpool.{owner} has no {method}"
-    if any(isinstance(d, ast.Name) and d.id == "property" for d in node.decorator_list):
-        assert isinstance(inspect.getattr_static(getattr(kvpool, owner), method), property)
-        return
-    if isinstance(inspect.getattr_static(getattr(kvpool, owner), method), property):
-        pytest.fail(f"{owner}.{method} is a property here but a method in the reference")
-    args = node.args.args
-    names = [a.arg for a in args if a.arg != "self"]
-    defaults: list[object] = [NOT_SET] * (len(names) - len(node.args.defaults))
-    defaults += [_seed_default(d) for d in node.args.defaults]
-    expected = list(zip(names, defaults, strict=True))
-    if owner == "TensorMemoryObj" and method == "__init__":
-        expected[-1] = ("parent_allocator", NOT_SET)  # kvpool adds default None
-    _assert_compatible(owner, method, expected)
+# The seeds exist only in this project's own checkouts (shared/seeds beside
+# the repository, or KVPOOL_SEEDS), and CI has them.  A user's checkout has
+# none: there the test is not collected at all, rather than reported as a
+# skip about files the user never had.
+if SEED_METHODS:
+
+    @pytest.mark.parametrize(("owner", "method"), sorted(SEED_METHODS))
+    def test_signature_matches_seed(owner: str, method: str) -> None:
+        node = SEED_METHODS[owner, method]
+        ours = getattr(getattr(kvpool, owner), method, None)
+        assert ours is not None, f"kvpool.{owner} has no {method}"
+        if any(isinstance(d, ast.Name) and d.id == "property" for d in node.decorator_list):
+            assert isinstance(inspect.getattr_static(getattr(kvpool, owner), method), property)
+            return
+        if isinstance(inspect.getattr_static(getattr(kvpool, owner), method), property):
+            pytest.fail(f"{owner}.{method} is a property here but a method in the reference")
+        args = node.args.args
+        names = [a.arg for a in args if a.arg != "self"]
+        defaults: list[object] = [NOT_SET] * (len(names) - len(node.args.defaults))
+        defaults += [_seed_default(d) for d in node.args.defaults]
+        expected = list(zip(names, defaults, strict=True))
+        if owner == "TensorMemoryObj" and method == "__init__":
+            expected[-1] = ("parent_allocator", NOT_SET)  # kvpool adds default None
+        _assert_compatible(owner, method, expected)
 
 
 # -- exceptions --------------------------------------------------------

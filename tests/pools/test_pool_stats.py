@@ -225,6 +225,21 @@ def test_extent_fragmentation_is_measured() -> None:
         assert pool.allocate(torch.Size([2 * ALIGN]), torch.uint8, KV_FMT) is None
 
 
+def test_paged_fragmentation_is_zero_as_documented() -> None:
+    # PoolStats documents 0 for paged pools (any free page fits any
+    # allocation), not the extent formula, which would give 1 - page / free.
+    with kvpool.MixedMemoryAllocator(MIB, use_paging=True, **paged_kwargs()) as pool:
+        objs = [pool.allocate(KV_SHAPE, KV_DTYPE, KV_FMT) for _ in range(MIB // KV_BYTES)]
+        for obj in objs[::2]:
+            obj.ref_count_down()
+        stats = pool.stats()
+        assert stats.free_bytes == MIB // 2 and stats.largest_free_block == KV_BYTES
+        assert stats.fragmentation == 0.0
+        assert "Paged pool: always" in (kvpool.PoolStats.__doc__ or "")
+        for obj in objs[1::2]:
+            obj.ref_count_down()
+
+
 def test_stats_monitor_includes_open_pools() -> None:
     monitor = kvpool.StatsMonitor.GetOrCreate()
     assert monitor is kvpool.StatsMonitor.GetOrCreate()

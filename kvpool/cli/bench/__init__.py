@@ -103,10 +103,13 @@ class OptionalSource:
     Attributes:
         title: shown when it is skipped.
         modules: importable module names, tried in order.
+        missing: why it cannot run when none of them is installed, in plain
+            words for the user (not the module names).
     """
 
     title: str
     modules: tuple[str, ...] = ()
+    missing: str = "its code is not installed"
 
 
 #: Optional benchmarks, skipped with a note when their code is absent.
@@ -114,6 +117,7 @@ OPTIONAL: dict[str, OptionalSource] = {
     "remote_put_get": OptionalSource(
         "put/get through the remote stores (kvpool.remote)",
         modules=("kvpool.cli.bench.remote_put_get",),
+        missing="this version of kvpool has no remote-store benchmark yet",
     ),
 }
 
@@ -148,10 +152,9 @@ def _load_optional(name: str, source: OptionalSource) -> Benchmark:
         try:
             module = importlib.import_module(module_name)
         except ImportError as exc:
-            raise SkipBenchmark(f"{module_name} cannot be imported: {exc}") from exc
+            raise SkipBenchmark(f"it needs {exc.name or exc}, which is not installed") from exc
         return _from_hook(module, module_name)
-    tried = list(source.modules)
-    raise SkipBenchmark(f"not available yet (looked for {', '.join(tried)} with {HOOK}())")
+    raise SkipBenchmark(source.missing)
 
 
 def resolve(name: str) -> Benchmark:

@@ -122,37 +122,54 @@ def _list() -> int:
         try:
             title = resolve(name).title
         except SkipBenchmark as exc:
-            title = f"{OPTIONAL[name].title if name in OPTIONAL else name} [skipped: {exc}]"
+            title = f"{OPTIONAL[name].title if name in OPTIONAL else name} [cannot run here: {exc}]"
         print(f"{name:16s} {title}")
     return 0
+
+
+def _check_plot_file(path: str) -> str | None:
+    """Why ``--plot path`` cannot be written (None when it can), found before running."""
+    from kvpool.cli.bench.report import plot_formats, require_matplotlib
+
+    try:
+        require_matplotlib()
+    except ImportError as exc:
+        return str(exc)
+    kinds = plot_formats()
+    suffix = Path(path).suffix.lower().lstrip(".")
+    if not suffix:
+        return f"--plot {path}: the file name has no type; end it with .png, .svg or .pdf"
+    if suffix not in kinds:
+        return (
+            f"--plot {path}: matplotlib cannot write .{suffix} files; "
+            f"use one of {', '.join('.' + k for k in sorted(kinds))}"
+        )
+    return None
 
 
 def run_bench(args: argparse.Namespace) -> int:
     """Run the selected benchmarks, print the table, write --json/--plot.
 
     Returns:
-        0 when every benchmark ran or was skipped, 1 when one failed, 2 for
-        a problem found before running (e.g. --plot without matplotlib).
+        0 when every benchmark ran (or, not named by --only, could not run
+        here and was skipped with the reason); 1 when one failed, or one
+        named by --only could not run; 2 for a problem found before
+        running (--plot without matplotlib or to a file type it cannot
+        write, a missing output directory, an --only benchmark that cannot
+        run here, nothing selected).
     """
     if args.list:
         return _list()
     from kvpool.cli.bench import OPTIONAL, BenchmarkResult, SkipBenchmark, resolve
     from kvpool.cli.bench.core import GiB, Settings, run_benchmark
     from kvpool.cli.bench.pool_ready import QUICK_SIZE
-    from kvpool.cli.bench.report import (
-        format_table,
-        machine_info,
-        plot_ratios,
-        require_matplotlib,
-        to_json,
-    )
+    from kvpool.cli.bench.report import format_table, machine_info, plot_ratios, to_json
     from kvpool.cli.progress import Progress
 
     if args.plot:
-        try:
-            require_matplotlib()
-        except ImportError as exc:
-            print(f"kvpool bench: {exc}", file=sys.stderr)
+        problem = _check_plot_file(args.plot)
+        if problem:
+            print(f"kvpool bench: {problem}", file=sys.stderr)
             return 2
     for option, path in (("--json", args.json), ("--plot", args.plot)):
         # Found out now, not after minutes of benchmarking.
@@ -163,6 +180,16 @@ def run_bench(args: argparse.Namespace) -> int:
     if not selected:
         print("kvpool bench: --only/--skip leave nothing to run", file=sys.stderr)
         return 2
+    asked = {n for group in args.only or [] for n in group}
+    found: dict[str, Any] = {}
+    for name in selected:
+        try:
+            found[name] = resolve(name)
+        except SkipBenchmark as exc:
+            if name in asked:
+                print(f"kvpool bench: {name} cannot run here: {exc}", file=sys.stderr)
+                return 2
+            found[name] = exc
     settings = Settings(
         repeat=args.repeat or DEFAULT_REPEAT,
         scale=args.scale if args.scale is not None else (QUICK_SCALE if args.quick else 1.0),
@@ -172,11 +199,10 @@ def run_bench(args: argparse.Namespace) -> int:
     results: list[BenchmarkResult] = []
     with Progress(len(selected), "kvpool bench") as bar:
         for name in selected:
-            try:
-                bench = resolve(name)
-            except SkipBenchmark as exc:
+            bench = found[name]
+            if isinstance(bench, SkipBenchmark):
                 title = OPTIONAL[name].title if name in OPTIONAL else name
-                results.append(BenchmarkResult(name, title, status="skipped", note=str(exc)))
+                results.append(BenchmarkResult(name, title, status="skipped", note=str(bench)))
                 bar.advance(1)
                 continue
             results.append(run_benchmark(bench, settings, bar))
@@ -192,4 +218,7 @@ def run_bench(args: argparse.Namespace) -> int:
     for r in results:
         if r.status == "error" and r.traceback:
             print(f"\n{r.name} failed:\n{r.traceback}", file=sys.stderr)
+        if r.status == "skipped" and r.name in asked:
+            print(f"kvpool bench: {r.name} could not run here: {r.note}", file=sys.stderr)
+            status = 1
     return status

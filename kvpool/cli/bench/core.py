@@ -81,6 +81,9 @@ class Metric:
         higher_is_better: True for rates, False for times and sizes.
         ratio: False for figures whose ratio means nothing (e.g. memory
             growth that should be zero); the table then shows "n/a".
+        bound: the baseline is a bound the subject cannot beat (memcpy for
+            a copy through a file): the ratio reads as the fraction of the
+            bound reached, not as a win or a loss, and is shown so.
     """
 
     key: str
@@ -88,6 +91,7 @@ class Metric:
     unit: str
     higher_is_better: bool = False
     ratio: bool = True
+    bound: bool = False
 
 
 @dataclass
@@ -182,6 +186,7 @@ class MetricResult:
             "label": self.metric.label,
             "unit": self.metric.unit,
             "higher_is_better": self.metric.higher_is_better,
+            "bound": self.metric.bound,
             "variants": {
                 name: {"trials": list(values), "best": self.best(name), "median": self.median(name)}
                 for name, values in self.trials.items()

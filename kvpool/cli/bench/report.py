@@ -16,6 +16,7 @@ __all__ = [
     "format_table",
     "format_value",
     "machine_info",
+    "plot_formats",
     "plot_ratios",
     "require_matplotlib",
     "to_json",
@@ -45,8 +46,10 @@ def format_value(value: float | None) -> str:
     return f"{value:.2e}"
 
 
-def _format_ratio(ratio: float | None) -> str:
-    return "n/a" if ratio is None else f"{ratio:.2f}x"
+def _format_ratio(ratio: float | None, bound: bool = False) -> str:
+    if ratio is None:
+        return "n/a"
+    return f"{ratio:.0%} of bound" if bound else f"{ratio:.2f}x"
 
 
 def machine_info() -> dict[str, Any]:
@@ -90,6 +93,10 @@ def format_table(
     rows: list[tuple[str, ...]] = []
     notes: list[str] = []
     for r in results:
+        if r.status == "skipped":
+            rows.append((r.name, "not run here: see below", "", "", "", "", ""))
+            notes.append(f"{r.name}: not run here: {r.note}")
+            continue
         if r.status != "ok":
             rows.append((r.name, f"{r.status}: see below", "", "", "", "", ""))
             notes.append(f"{r.name}: {r.status.upper()}: {r.note}")
@@ -102,11 +109,16 @@ def format_table(
                     m.metric.unit,
                     format_value(m.best(r.subject)),
                     format_value(m.best(r.baseline)),
-                    _format_ratio(m.ratio()),
-                    _format_ratio(m.ratio_median()),
+                    _format_ratio(m.ratio(), m.metric.bound),
+                    _format_ratio(m.ratio_median(), m.metric.bound),
                 )
             )
         line = f"{r.name}: kvpool = {r.subject}; baseline = {r.baseline}"
+        if any(m.metric.bound for m in r.metrics):
+            line += (
+                "\n    the baseline is a bound nothing can beat: the ratio is the fraction "
+                "of it reached"
+            )
         extras = [v for v in r.variants if v not in (r.subject, r.baseline)]
         for extra in extras:
             figures = ", ".join(
@@ -139,6 +151,7 @@ def format_table(
         "",
         "ratio: kvpool's best trial against the baseline's best, oriented so that > 1 means",
         "kvpool is better (faster, more GB/s); median ratio: the same from the medians.",
+        "Against a bound (memcpy) the ratio is the fraction of the bound kvpool reaches.",
         "",
         *notes,
     ]
@@ -179,8 +192,40 @@ def require_matplotlib() -> None:
         raise ImportError(f"--plot needs matplotlib, which is not installed: {PLOT_HINT}") from exc
 
 
+def plot_formats() -> dict[str, str]:
+    """The file types ``--plot`` can write: ``{suffix: description}`` (matplotlib's).
+
+    Raises:
+        ImportError: matplotlib is missing.
+    """
+    require_matplotlib()
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    return dict(FigureCanvasAgg.get_supported_filetypes())
+
+
+def _bars(results: Sequence[BenchmarkResult], bound: bool) -> tuple[list[str], list[float]]:
+    labels: list[str] = []
+    ratios: list[float] = []
+    for r in results:
+        if r.status != "ok":
+            continue
+        for m in r.metrics:
+            ratio = m.ratio()
+            if ratio is not None and m.metric.bound == bound:
+                labels.append(f"{r.name}: {m.metric.label}\nvs {r.baseline}")
+                ratios.append(ratio)
+    return labels, ratios
+
+
 def plot_ratios(results: Sequence[BenchmarkResult], path: str, title: str = "") -> int:
-    """Draw one horizontal bar per metric ratio (log scale, 1x marked) into ``path``.
+    """Draw the ratios into ``path`` (its suffix picks the file type).
+
+    Against naive baselines: one bar per ratio on a log scale, 1x marked,
+    green where kvpool wins and red where it loses.  Against a bound no
+    implementation can beat (:attr:`Metric.bound`, e.g. memcpy): a second
+    panel, linear from 0 to 100 % of the bound, in a neutral colour - a
+    fraction of the bound is not a loss.
 
     Returns:
         The number of bars drawn.
@@ -194,18 +239,18 @@ def plot_ratios(results: Sequence[BenchmarkResult], path: str, title: str = "") 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels: list[str] = []
-    ratios: list[float] = []
-    for r in results:
-        if r.status != "ok":
-            continue
-        for m in r.metrics:
-            ratio = m.ratio()
-            if ratio is not None:
-                labels.append(f"{r.name}: {m.metric.label}\nvs {r.baseline}")
-                ratios.append(ratio)
-    fig, ax = plt.subplots(figsize=(9, 0.55 * max(1, len(labels)) + 1.6))
+    labels, ratios = _bars(results, bound=False)
+    bound_labels, fractions = _bars(results, bound=True)
+    rows = [max(1, len(labels))] + ([len(bound_labels)] if bound_labels else [])
+    fig, axes = plt.subplots(
+        len(rows),
+        1,
+        figsize=(9, 0.55 * sum(rows) + 1.6 * len(rows)),
+        gridspec_kw={"height_ratios": rows},
+        squeeze=False,
+    )
     try:
+        ax = axes[0][0]
         if ratios:
             ys = list(range(len(ratios)))[::-1]
             colors = ["#2e7d32" if x >= 1 else "#c62828" for x in ratios]
@@ -219,13 +264,24 @@ def plot_ratios(results: Sequence[BenchmarkResult], path: str, title: str = "") 
             for y, x in zip(ys, ratios, strict=True):
                 ax.text(x * 1.05, y, f"{x:.2f}x", va="center", fontsize=8)
         else:
-            ax.text(0.5, 0.5, "no ratios to plot", ha="center", va="center")
+            ax.text(0.5, 0.5, "no ratios against naive baselines", ha="center", va="center")
             ax.set_yticks([])
-        ax.set_xlabel("kvpool vs baseline (x better, log scale; > 1: kvpool wins)")
+        ax.set_xlabel("kvpool vs naive baseline (x better, log scale; > 1: kvpool wins)")
         ax.set_title(title or "kvpool bench: kvpool against naive baselines", fontsize=10)
         ax.grid(axis="x", which="both", alpha=0.25)
+        if bound_labels:
+            bx = axes[1][0]
+            ys = list(range(len(fractions)))[::-1]
+            bx.barh(ys, [min(f, 1.0) * 100 for f in fractions], color="#1565c0", height=0.6)
+            bx.set_yticks(ys, bound_labels, fontsize=8)
+            bx.set_xlim(0, 110)
+            bx.axvline(100, color="black", linewidth=1)
+            for y, f in zip(ys, fractions, strict=True):
+                bx.text(min(f, 1.0) * 100 + 1.5, y, f"{f:.0%}", va="center", fontsize=8)
+            bx.set_xlabel("fraction of a bound no implementation can beat (100 % = the bound)")
+            bx.grid(axis="x", alpha=0.25)
         fig.tight_layout()
         fig.savefig(path, dpi=120)
     finally:
         plt.close(fig)
-    return len(ratios)
+    return len(ratios) + len(fractions)
