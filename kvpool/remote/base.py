@@ -21,11 +21,29 @@ latencies in ``store.counters`` (:mod:`kvpool.remote.counters`); the
 base class wraps the operations each store defines, so a store needs no
 code for it.  :func:`live_stores` lists the open stores (for
 :mod:`kvpool.metrics`).
+
+Kinds of objects
+----------------
+* Host objects of pools (one group or several): stored and read.
+* ``BINARY_BUFFER`` destinations: an allocator that answers a
+  ``BINARY_BUFFER`` request with a Python byte buffer
+  (``MixedMemoryAllocator``) gets a ``BytesBufferMemoryObj`` of the
+  entry's byte length, filled with its bytes.  A ``BytesBufferMemoryObj``
+  cannot be *stored* (it has no shapes and dtypes to record): an
+  ``InvalidArgumentError`` says so.
+* Device objects (GPU memory): refused with ``FeatureUnavailableError``
+  both ways (copy to or from a host object; the stores do not stage).
+* ``GDSMemoryObject`` placeholders (their bytes live in a slab file):
+  refused with ``FeatureUnavailableError`` both ways.
+* Any other destination whose ``byte_array`` is not a writable host
+  buffer of the entry's size is refused with ``InvalidArgumentError``
+  and freed.
 """
 
 from __future__ import annotations
 
 import abc
+import contextlib
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Sequence
@@ -35,8 +53,10 @@ from typing import Any, TypeVar
 import torch
 
 from kvpool.errors import (
+    FeatureUnavailableError,
     InvalidArgumentError,
     InvalidHandleError,
+    KVPoolError,
     OutOfMemoryError,
     PoolClosedError,
 )
@@ -44,6 +64,7 @@ from kvpool.formats import MemoryFormat, normalize_layout
 from kvpool.pool.handle import TensorMemoryObj
 from kvpool.pool.interface import MemoryAllocatorInterface
 from kvpool.pool.objects import MemoryObj
+from kvpool.pool.placeholders import BytesBufferMemoryObj, GDSMemoryObject
 from kvpool.remote.counters import OPERATIONS, StoreCounters, counted, counted_method
 from kvpool.remote.header import EntryInfo, Layout, layout_for, remember, requested
 
@@ -94,8 +115,20 @@ def hold(obj: object, action: str) -> None:
         InvalidArgumentError: ``obj`` is not a memory object.
         InvalidHandleError: ``obj`` was freed (nothing is held then).
     """
-    if obj.__class__ is not TensorMemoryObj and not isinstance(obj, MemoryObj):
-        raise InvalidArgumentError(f"{action}: expected a MemoryObj, got {type(obj).__name__}")
+    if obj.__class__ is not TensorMemoryObj:
+        if not isinstance(obj, MemoryObj):
+            raise InvalidArgumentError(f"{action}: expected a MemoryObj, got {type(obj).__name__}")
+        if isinstance(obj, GDSMemoryObject):
+            raise FeatureUnavailableError(
+                f"{action} of {obj!r}: a GDSMemoryObject's bytes live in its GPUDirect-Storage "
+                "slab file, not in memory; read them into a host object first"
+            )
+        if isinstance(obj, BytesBufferMemoryObj):
+            raise InvalidArgumentError(
+                f"{action} of {obj!r}: a byte buffer object has no shapes and dtypes for the "
+                "entry's header; allocate a BINARY object of torch.Size([n]) uint8 from a pool "
+                "and copy the bytes into it"
+            )
     if not obj.is_valid():
         raise InvalidHandleError(f"{action} of a freed memory object {obj!r}")
     obj.ref_count_up()
@@ -121,8 +154,10 @@ def describe(obj: MemoryObj) -> tuple[Layout, MemoryFormat, memoryview]:
     """
     layout = layout_for(obj.get_shapes(), obj.get_dtypes())
     view = obj.byte_array
-    if not isinstance(view, memoryview):
+    if view.__class__ is not memoryview:
         view = memoryview(view)
+    if view.format != "B" or view.ndim != 1:
+        view = view.cast("B")
     if view.nbytes > layout.nbytes:
         raise InvalidArgumentError(
             f"{obj!r} has {view.nbytes} bytes but its layout only {layout.nbytes}"
@@ -131,9 +166,13 @@ def describe(obj: MemoryObj) -> tuple[Layout, MemoryFormat, memoryview]:
 
 
 def discard(obj: MemoryObj | None) -> None:
-    """Free an object a failed ``get`` allocated (ignoring an already dead one)."""
+    """Free an object a failed ``get`` allocated (ignoring an already dead one).
+
+    Placeholders that cannot be counted (``GDSMemoryObject``) are left alone.
+    """
     if obj is not None and obj.is_valid():
-        obj.ref_count_down()
+        with contextlib.suppress(NotImplementedError):
+            obj.ref_count_down()
 
 
 def allocate(
@@ -152,7 +191,12 @@ def allocate(
         PoolClosedError: the allocator was closed.
         InvalidArgumentError: the allocator refuses the layout.
     """
-    obj = allocator.allocate(layout.alloc_shapes, layout.alloc_dtypes, fmt)
+    try:
+        obj = allocator.allocate(layout.alloc_shapes, layout.alloc_dtypes, fmt)
+    except (MemoryError, OverflowError) as exc:
+        if isinstance(exc, KVPoolError):
+            raise
+        obj = None  # e.g. a byte buffer allocator asked for an absurd size
     if obj is None:
         if callable(where):
             where = where()
@@ -161,6 +205,66 @@ def allocate(
             f"{layout.nbytes} bytes; free objects or use a larger pool"
         )
     return obj
+
+
+def destination(
+    allocator: MemoryAllocatorInterface,
+    layout: Layout,
+    fmt: MemoryFormat,
+    where: str | Callable[[], str],
+) -> tuple[MemoryObj, memoryview]:
+    """Allocate the destination of a ``get`` and its writable byte view.
+
+    The view is a one-dimensional byte memoryview of exactly
+    ``layout.nbytes`` bytes over the object's memory.  A byte buffer object
+    returned for a ``BINARY_BUFFER`` request (whose first dimension is its
+    length) is replaced by one of the layout's byte length.
+
+    Raises:
+        OutOfMemoryError / PoolClosedError / InvalidArgumentError: as :func:`allocate`.
+        FeatureUnavailableError: the object lives in device memory or is a
+            ``GDSMemoryObject`` (it is freed first).
+        InvalidArgumentError: its bytes are not a writable host buffer of
+            the layout's size (it is freed first).
+    """
+    obj = allocate(allocator, layout, fmt, where)
+    if obj.__class__ is TensorMemoryObj:
+        try:
+            view = obj.byte_array
+        except BaseException:
+            discard(obj)
+            raise
+        if view.nbytes == layout.nbytes and not view.readonly:
+            return obj, view
+    elif isinstance(obj, BytesBufferMemoryObj) and obj.get_size() != layout.nbytes:
+        flat = layout_for([torch.Size([layout.nbytes])], [torch.uint8])
+        obj = allocate(allocator, flat, fmt, where)
+    try:
+        if isinstance(obj, GDSMemoryObject):
+            raise FeatureUnavailableError(
+                f"{where() if callable(where) else where}: the allocator gave a GDSMemoryObject, "
+                "whose bytes live in a slab file; read into a host pool's object instead"
+            )
+        try:
+            view = obj.byte_array
+        except NotImplementedError as exc:
+            raise FeatureUnavailableError(
+                f"{where() if callable(where) else where}: {obj!r} has no byte view ({exc})"
+            ) from None
+        if view.__class__ is not memoryview:
+            view = memoryview(view)
+        if view.format != "B" or view.ndim != 1:
+            view = view.cast("B")
+        if view.readonly or view.nbytes != layout.nbytes:
+            raise InvalidArgumentError(
+                f"{where() if callable(where) else where}: the allocator gave {obj!r}, whose "
+                f"byte_array is {'read-only' if view.readonly else f'{view.nbytes} bytes'}; "
+                f"the entry needs a writable buffer of {layout.nbytes} bytes"
+            )
+    except BaseException:
+        discard(obj)
+        raise
+    return obj, view
 
 
 def requested_layout(

@@ -5,7 +5,8 @@ Layout (little-endian; version 1)::
     offset size  field
          0    4  magic          b"KVPS"
          4    2  version        1
-         6    2  flags          bit 0: ``payload_crc`` is valid
+         6    2  flags          bit 0: ``payload_crc`` is valid;
+                                bit 1: a key tag follows the group records
          8    4  header_size    bytes of the header, padding included; the
                                 payload starts here (a multiple of 64)
         12    4  header_crc     CRC-32 of the header with this field skipped
@@ -15,11 +16,18 @@ Layout (little-endian; version 1)::
         30    2  groups         number of (shape, dtype) groups, >= 1
         32    .  per group:     u8 ndim, u8 len(dtype name), the dtype name
                                 in ASCII (``"float16"``), ndim x i64 dims
+         .    4  key tag        only with flag bit 1: CRC-32 of the key
+                                the entry was written under
          .    .  zero padding up to header_size
 
 ``payload_size`` may be smaller than the layout's byte size: an object
 narrowed with ``set_used_size`` stores only its used bytes, and ``get``
 narrows the new object the same way.
+
+The key tag lets a reader prove that the entry it received is the one it
+asked for: RedisStore writes it, and a reply that carries another key's
+tag (a duplicated or reordered reply frame) is refused instead of being
+read into the wrong object.  Readers that do not know bit 1 ignore it.
 
 The header CRC makes any damaged header a :class:`CorruptEntryError`
 rather than a misleading layout mismatch; the payload CRC is optional (it
@@ -40,6 +48,7 @@ from kvpool.errors import CorruptEntryError, InvalidArgumentError
 from kvpool.formats import MemoryFormat
 
 __all__ = [
+    "FLAG_KEY_TAG",
     "FLAG_PAYLOAD_CRC",
     "HEADER_ALIGN",
     "MAGIC",
@@ -56,6 +65,8 @@ MAGIC = b"KVPS"
 VERSION = 1
 #: Flag bit: the header's ``payload_crc`` holds the CRC-32 of the payload.
 FLAG_PAYLOAD_CRC = 1
+#: Flag bit: a 4-byte key tag (CRC-32 of the key) follows the group records.
+FLAG_KEY_TAG = 2
 #: The header is padded to a multiple of this, so the payload is aligned.
 HEADER_ALIGN = 64
 #: Largest header accepted when reading (a bound against garbage lengths).
@@ -65,6 +76,7 @@ _FIXED = struct.Struct("<4sHHIIQIHH")
 FIXED_SIZE = _FIXED.size  # 32
 _PREFIX = struct.Struct("<4sHHII")
 _GROUP = struct.Struct("<BB")
+_TAG = struct.Struct("<I")
 _MAX_GROUPS = 0xFFFF
 _MAX_NDIM = 0xFF
 
@@ -81,6 +93,8 @@ class EntryInfo:
         layout_size: bytes of the full layout (``>= size``).
         header_size: header bytes before the payload.
         payload_crc: CRC-32 of the payload, or None when not recorded.
+        key_tag: CRC-32 of the key the entry was written under, or None
+            when not recorded (see :func:`key_tag`).
     """
 
     shapes: list[torch.Size]
@@ -90,6 +104,12 @@ class EntryInfo:
     layout_size: int
     header_size: int
     payload_crc: int | None
+    key_tag: int | None = None
+
+
+def key_tag(key: bytes) -> int:
+    """The tag an entry written under ``key`` records (CRC-32 of the key bytes)."""
+    return zlib.crc32(key)
 
 
 class Layout:
@@ -103,6 +123,7 @@ class Layout:
         record: the encoded group records (what follows the fixed part).
         nbytes: bytes of the layout.
         header_size: size of a header carrying this layout.
+        tagged_header_size: size of such a header with a key tag.
         alloc_shapes: ``shapes`` as an allocator takes them (a bare
             ``torch.Size`` for one group: the allocators' fast path).
         alloc_dtypes: ``dtypes`` likewise.
@@ -110,6 +131,7 @@ class Layout:
 
     __slots__ = (
         "_plain",
+        "_tagged",
         "alloc_dtypes",
         "alloc_shapes",
         "dtypes",
@@ -117,6 +139,7 @@ class Layout:
         "nbytes",
         "record",
         "shapes",
+        "tagged_header_size",
     )
 
     def __init__(
@@ -132,10 +155,13 @@ class Layout:
         self.record = record
         self.nbytes = nbytes
         self.header_size = header_size
+        used = FIXED_SIZE + len(record) + _TAG.size
+        self.tagged_header_size = -(-used // HEADER_ALIGN) * HEADER_ALIGN
         single = len(shapes) == 1
         self.alloc_shapes: torch.Size | list[torch.Size] = shapes[0] if single else list(shapes)
         self.alloc_dtypes: torch.dtype | list[torch.dtype] = dtypes[0] if single else list(dtypes)
         self._plain: dict[MemoryFormat, bytes] = {}
+        self._tagged: dict[MemoryFormat, bytes] = {}
 
     def plain_header(self, fmt: MemoryFormat) -> bytes:
         """The header of a full-size entry of this layout without payload CRC (cached).
@@ -146,6 +172,17 @@ class Layout:
         if header is None:
             header = self._plain[fmt] = _build_header(self, fmt, self.nbytes, None)
         return header
+
+    def tagged_header(self, fmt: MemoryFormat, tag: int) -> bytes:
+        """The header of a full-size entry without payload CRC, with key tag ``tag``.
+
+        Built from a cached template: only the tag and the header CRC are
+        computed per call.
+        """
+        template = self._tagged.get(fmt)
+        if template is None:
+            template = self._tagged[fmt] = _build_header(self, fmt, self.nbytes, None, 0)
+        return _retag(template, len(self.record), tag)
 
     def __repr__(self) -> str:
         return f"<Layout {list(self.shapes)} {list(self.dtypes)} {self.nbytes} bytes>"
@@ -240,7 +277,13 @@ def remember(shapes: Any, dtypes: Any, layout: Layout) -> None:
         pass
 
 
-def encode_header(layout: Layout, fmt: MemoryFormat, size: int, payload_crc: int | None) -> bytes:
+def encode_header(
+    layout: Layout,
+    fmt: MemoryFormat,
+    size: int,
+    payload_crc: int | None,
+    key_tag: int | None = None,
+) -> bytes:
     """Build the header of an entry.
 
     Args:
@@ -248,32 +291,57 @@ def encode_header(layout: Layout, fmt: MemoryFormat, size: int, payload_crc: int
         fmt: the object's format.
         size: payload bytes (``<= layout.nbytes``).
         payload_crc: CRC-32 of the payload, or None to record none.
+        key_tag: the key's tag (:func:`key_tag`), or None to record none.
 
     Returns:
-        ``layout.header_size`` bytes.
+        ``layout.header_size`` bytes (``layout.tagged_header_size`` with a tag).
     """
     if payload_crc is None and size == layout.nbytes:
-        return layout.plain_header(fmt)
-    return _build_header(layout, fmt, size, payload_crc)
+        if key_tag is None:
+            return layout.plain_header(fmt)
+        return layout.tagged_header(fmt, key_tag)
+    return _build_header(layout, fmt, size, payload_crc, key_tag)
 
 
-def _build_header(layout: Layout, fmt: MemoryFormat, size: int, payload_crc: int | None) -> bytes:
+def _build_header(
+    layout: Layout,
+    fmt: MemoryFormat,
+    size: int,
+    payload_crc: int | None,
+    key_tag: int | None = None,
+) -> bytes:
     flags = 0 if payload_crc is None else FLAG_PAYLOAD_CRC
+    record = layout.record
+    header_size = layout.header_size
+    if key_tag is not None:
+        flags |= FLAG_KEY_TAG
+        record += _TAG.pack(key_tag)
+        header_size = layout.tagged_header_size
     fixed = _FIXED.pack(
         MAGIC,
         VERSION,
         flags,
-        layout.header_size,
+        header_size,
         0,
         size,
         payload_crc or 0,
         fmt.value,
         len(layout.shapes),
     )
-    pad = bytes(layout.header_size - FIXED_SIZE - len(layout.record))
-    body = fixed[16:] + layout.record + pad
+    pad = bytes(header_size - FIXED_SIZE - len(record))
+    body = fixed[16:] + record + pad
     crc = zlib.crc32(body, zlib.crc32(fixed[:12]))
     return fixed[:12] + crc.to_bytes(4, "little") + body
+
+
+def _retag(template: bytes, record_len: int, tag: int) -> bytes:
+    """``template`` (a tagged header) with its key tag set to ``tag`` and the CRC redone."""
+    at = FIXED_SIZE + record_len
+    out = bytearray(template)
+    _TAG.pack_into(out, at, tag)
+    crc = zlib.crc32(memoryview(out)[16:], zlib.crc32(memoryview(out)[:12]))
+    _TAG.pack_into(out, 12, crc)
+    return bytes(out)
 
 
 def header_crc(buf: bytes | bytearray | memoryview, header_size: int) -> int:
@@ -354,6 +422,10 @@ def decode_header(buf: bytes | bytearray | memoryview, where: str) -> EntryInfo:
             shapes.append(shape)
             dtypes.append(dtype)
             nbytes += shape.numel() * dtype.itemsize
+        tag = None
+        if flags & FLAG_KEY_TAG:
+            (tag,) = _TAG.unpack_from(buf, pos)
+            pos += _TAG.size
     except (struct.error, UnicodeDecodeError, ValueError) as exc:
         raise CorruptEntryError(f"{where}: malformed layout in the header ({exc})") from None
     if pos > header_size or not groups:
@@ -370,6 +442,7 @@ def decode_header(buf: bytes | bytearray | memoryview, where: str) -> EntryInfo:
         nbytes,
         header_size,
         payload_crc if flags & FLAG_PAYLOAD_CRC else None,
+        tag,
     )
 
 

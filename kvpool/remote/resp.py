@@ -1,138 +1,338 @@
-"""A minimal reader of Redis replies (RESP2/RESP3) that reads bulk strings in place.
+"""RESP2 without I/O: command encoding and a bounded, iterative reply reader.
 
-The ``redis`` client parses a reply into a ``bytes`` object (after
-buffering it), so a 512 KiB value would be copied twice before it even
-reached a pool object.  :class:`RespReader` reads a reply straight from
-the connection's socket: the short lines (``*2``, ``$524288``) go through
-a small buffer, and a bulk payload is received with ``recv_into`` directly
-into the destination memory.  Only the few bytes that arrived together
-with a line (at most the buffer's size) are copied from the buffer.
+The reader never touches a socket.  Its methods are *generators* that
+parse what is in a small buffer and, when they need more, ``yield`` a
+request that the connection's driver serves (a thread's driver in
+:mod:`kvpool.remote.connection`, an event loop's in
+:mod:`kvpool.remote.aio`)::
 
-It reads exactly the replies asked for: bytes of later replies that were
-already received stay in the buffer for the next call, and the caller
-checks :meth:`RespReader.pending` when it is done.
+    FILL             receive some bytes into the reader's buffer
+    a memoryview     receive exactly that many bytes straight into it
+
+So one parser serves blocking and asyncio code alike, and a value's bytes
+can be received with ``recv_into`` straight into pool memory: only bytes
+that arrived together with a reply line (at most :data:`FILL_BYTES`) pass
+through the buffer.
+
+Peers are hostile until proven otherwise:
+
+* every length is parsed strictly (``-?[0-9]+``, at most 19 digits) and
+  checked against :class:`Limits` (or the destination, by the caller)
+  before anything is allocated;
+* nested arrays are parsed with an explicit stack, not recursion, and
+  refused past ``Limits.max_depth``;
+* anything unexpected raises :class:`ProtocolError` (a
+  :class:`~kvpool.errors.RemoteStoreError`); the caller then drops the
+  connection, since its position in the reply stream is unknown.
+
+Only RESP2 is spoken (the stores force ``protocol=2`` on their
+connections), so the RESP3 types are protocol errors too.
 """
 
 from __future__ import annotations
 
-import socket
+import re
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from kvpool.errors import RemoteStoreError
 
-__all__ = ["RespReader", "bulk_length"]
+__all__ = [
+    "CRLF",
+    "DEFAULT_LIMITS",
+    "FILL",
+    "FILL_BYTES",
+    "ErrorReply",
+    "Limits",
+    "ProtocolError",
+    "Reader",
+    "ServerClosed",
+    "Want",
+    "command",
+    "command_head",
+    "parse_length",
+]
 
-_CRLF = b"\r\n"
+CRLF = b"\r\n"
+
+#: Yielded by a reader generator: receive more bytes into the buffer.
+FILL = None
+
+#: Largest single receive into the buffer (bytes that arrive with a reply
+#: line beyond this stay in the kernel and go straight to the destination).
+FILL_BYTES = 8192
+
+#: What a reader generator yields: FILL, or a view to fill completely.
+Want = memoryview | None
+
+#: A reader generator returning ``T``.
+Steps = Generator[Want, None, Any]
+
+_DIGITS = re.compile(rb"-?[0-9]{1,19}")
+
+
+class ProtocolError(RemoteStoreError):
+    """The server's reply broke the protocol (or a limit); drop the connection."""
 
 
 class ServerClosed(ConnectionError):
     """The server closed the connection in the middle of a reply."""
 
 
-def bulk_length(line: bytes) -> int | None:
-    """Length announced by a bulk-string line, or None for a null.
+@dataclass(frozen=True)
+class Limits:
+    """Bounds on what a reply may make the reader do.
 
-    Accepts ``$<n>``, ``$-1`` (RESP2 null) and ``_`` (RESP3 null).
-
-    Raises:
-        RemoteStoreError: an error reply or any other line.
+    Attributes:
+        max_line: longest reply line (``+OK``, ``-ERR ...``, ``$524288``).
+        max_bulk: longest bulk string of a generic reply, read into
+            memory the reader allocates (an entry's value is read into its
+            destination instead, bounded by the caller).
+        max_depth: deepest nesting of arrays.
+        max_elements: most array elements in one reply, all levels.
+        buffer: bytes of the reader's buffer (>= ``max_line + 2``).
     """
-    if line[:1] == b"$":
-        try:
-            n = int(line[1:])
-        except ValueError:
-            raise RemoteStoreError(f"malformed reply line {line[:80]!r}") from None
-        return None if n < 0 else n
-    if line == b"_":
-        return None
-    if line[:1] == b"-":
-        raise RemoteStoreError(f"the server answered: {line[1:200].decode(errors='replace')}")
-    raise RemoteStoreError(f"unexpected reply line {line[:80]!r} (expected a bulk string)")
+
+    max_line: int = 64 << 10
+    max_bulk: int = 4 << 20
+    max_depth: int = 16
+    max_elements: int = 1 << 20
+    buffer: int = (64 << 10) + 2
 
 
-class RespReader:
-    """Read replies from ``sock`` (blocking, with the socket's own timeout).
+#: The limits every store uses unless told otherwise.
+DEFAULT_LIMITS = Limits()
 
-    Socket errors (``TimeoutError``, ``ConnectionError``, ``OSError``) and
-    :class:`ServerClosed` propagate; the caller maps them and drops the
-    connection.
+
+class ErrorReply:
+    """A ``-ERR ...`` reply, kept as a value (a pipeline reads on past it).
+
+    Attributes:
+        text: the message, decoded (at most 500 characters).
+    """
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    @property
+    def code(self) -> str:
+        """The first word (``ERR``, ``WRONGTYPE``, ``OOM``, ``MOVED``...)."""
+        return self.text.split(" ", 1)[0]
+
+    def __repr__(self) -> str:
+        return f"<ErrorReply {self.text!r}>"
+
+
+def _text(raw: bytes) -> str:
+    return raw[:500].decode("utf-8", errors="replace")
+
+
+def parse_length(line: bytes, what: str, limit: int) -> int:
+    """The number after the type byte of ``line`` (``$n``, ``*n``, ``:n``), checked.
 
     Args:
-        sock: a connected socket (plain, UNIX or TLS).
-        size: bytes of the line buffer (a line longer than this is refused).
+        line: the reply line, type byte included.
+        what: names the reply in the error message.
+        limit: largest value accepted; -1 (a null) is always accepted.
+
+    Raises:
+        ProtocolError: not a plain decimal number, below -1 or above ``limit``.
+    """
+    digits = line[1:]
+    if _DIGITS.fullmatch(digits) is None:
+        raise ProtocolError(f"malformed {what} line {line[:40]!r}")
+    n = int(digits)
+    if n < -1 or n > limit:
+        raise ProtocolError(f"{what} announces {n}; the limit is {limit} (and -1 for a null)")
+    return n
+
+
+def command(*args: bytes) -> bytes:
+    """A command in RESP (for small arguments; see :func:`command_head` for a payload)."""
+    parts = [b"*%d\r\n" % len(args)]
+    for arg in args:
+        parts.append(b"$%d\r\n%b\r\n" % (len(arg), arg))
+    return b"".join(parts)
+
+
+def command_head(args: Sequence[bytes], payload_bytes: int) -> bytes:
+    """Everything of a command before its last argument, a payload sent separately.
+
+    The command is ``args + [payload]``: send this head, the payload's
+    bytes (e.g. a memoryview of pool memory) and :data:`CRLF`.
+    """
+    parts = [b"*%d\r\n" % (len(args) + 1)]
+    for arg in args:
+        parts.append(b"$%d\r\n%b\r\n" % (len(arg), arg))
+    parts.append(b"$%d\r\n" % payload_bytes)
+    return b"".join(parts)
+
+
+class Reader:
+    """The receive buffer of one connection and the generators that parse it.
+
+    The driver that owns the socket serves the generators' requests:
+    for FILL it receives at most :data:`FILL_BYTES` into :meth:`space` and
+    calls :meth:`commit`; for a memoryview it receives until the view is
+    full.
+
+    Args:
+        limits: the bounds replies are held to.
     """
 
-    __slots__ = ("_buf", "_end", "_mv", "_sock", "_start")
+    __slots__ = ("_buf", "_end", "_mv", "_start", "limits")
 
-    def __init__(self, sock: socket.socket, size: int = 4096) -> None:
-        self._sock = sock
-        self._buf = bytearray(size)
+    def __init__(self, limits: Limits = DEFAULT_LIMITS) -> None:
+        if limits.buffer < limits.max_line + 2:
+            raise ValueError(f"a reader buffer of {limits.buffer} bytes cannot hold a line")
+        self.limits = limits
+        self._buf = bytearray(limits.buffer)
         self._mv = memoryview(self._buf)
         self._start = 0
         self._end = 0
 
+    # -- the driver's side -------------------------------------------
+
     def pending(self) -> int:
-        """Bytes received but not consumed yet."""
+        """Bytes received but not parsed yet."""
         return self._end - self._start
 
-    def _fill(self) -> None:
+    def space(self) -> memoryview:
+        """Where the driver receives the next bytes (compacting the buffer first)."""
         start, end = self._start, self._end
         if start == end:
-            start = end = 0
-        elif end == len(self._buf):
-            if start == 0:
-                raise RemoteStoreError(f"reply line longer than {len(self._buf)} bytes")
+            self._start = self._end = start = end = 0
+        elif end + FILL_BYTES > len(self._buf) and start:
             self._mv[: end - start] = self._mv[start:end]
-            start, end = 0, end - start
-        n = self._sock.recv_into(self._mv[end:])
-        if n == 0:
-            self._start, self._end = start, end
-            raise ServerClosed("the server closed the connection")
-        self._start, self._end = start, end + n
+            self._start, self._end = 0, end - start
+            end -= start
+        room = min(FILL_BYTES, len(self._buf) - end)
+        if room <= 0:
+            raise ProtocolError(f"reply line longer than {self.limits.max_line} bytes")
+        return self._mv[end : end + room]
 
-    def line(self) -> bytes:
+    def commit(self, n: int) -> None:
+        """Record ``n`` bytes received into :meth:`space`."""
+        self._end += n
+
+    def clear(self) -> None:
+        """Forget everything buffered (the connection is being dropped)."""
+        self._start = self._end = 0
+
+    # -- the parser's side (generators) ------------------------------
+
+    def line(self) -> Generator[Want, None, bytes]:
         """The next line, without its CRLF."""
+        buf = self._buf
+        done = 0  # bytes after the start already scanned (offsets move when compacted)
         while True:
-            i = self._buf.find(_CRLF, self._start, self._end)
+            start = self._start
+            i = buf.find(CRLF, start + done, self._end)
             if i >= 0:
-                out = bytes(self._mv[self._start : i])
+                out = bytes(self._mv[start:i])
                 self._start = i + 2
                 return out
-            self._fill()
+            done = max(0, self._end - start - 1)
+            if done > self.limits.max_line:
+                raise ProtocolError(f"reply line longer than {self.limits.max_line} bytes")
+            yield FILL
 
-    def read_into(self, view: memoryview) -> None:
-        """Fill ``view`` (format ``'B'``) with the next ``len(view)`` bytes."""
+    def read_into(self, view: memoryview) -> Generator[Want, None, None]:
+        """Fill ``view`` (a writable byte view) with the next ``len(view)`` bytes."""
         want = view.nbytes
         got = min(want, self._end - self._start)
         if got:
             view[:got] = self._mv[self._start : self._start + got]
             self._start += got
-        recv_into = self._sock.recv_into
-        while got < want:
-            n = recv_into(view[got:])
-            if n == 0:
-                raise ServerClosed("the server closed the connection in the middle of a value")
-            got += n
+        if got < want:
+            yield view[got:]
 
-    def read_bytes(self, n: int) -> bytes:
-        """The next ``n`` bytes as ``bytes``."""
+    def read_bytes(self, n: int) -> Generator[Want, None, bytes]:
+        """The next ``n`` bytes (``n`` must already be bounded by the caller)."""
+        start = self._start
+        if self._end - start >= n:
+            self._start = start + n
+            return bytes(self._mv[start : start + n])
         out = bytearray(n)
-        self.read_into(memoryview(out))
+        yield from self.read_into(memoryview(out))
         return bytes(out)
 
-    def crlf(self) -> None:
+    def crlf(self) -> Generator[Want, None, None]:
         """Consume the CRLF that ends a bulk string.
 
         Raises:
-            RemoteStoreError: something else is there.
+            ProtocolError: something else is there.
         """
-        if self.read_bytes(2) != _CRLF:
-            raise RemoteStoreError("malformed reply: a bulk string does not end with CRLF")
+        while self._end - self._start < 2:
+            yield FILL
+        start = self._start
+        if self._buf[start : start + 2] != CRLF:
+            raise ProtocolError("malformed reply: a bulk string does not end with CRLF")
+        self._start = start + 2
 
-    def bulk(self) -> bytes | None:
-        """The next bulk string (None for a null)."""
-        n = bulk_length(self.line())
-        if n is None:
-            return None
-        data = self.read_bytes(n)
-        self.crlf()
-        return data
+    def reply(self) -> Generator[Want, None, Any]:
+        """One whole reply, of any RESP2 type, bounded by :attr:`limits`.
+
+        Returns:
+            ``bytes`` for a simple string or bulk string, ``int``, ``None``
+            for a null, a ``list`` for an array, an :class:`ErrorReply`.
+
+        Raises:
+            ProtocolError: malformed, too deep, too many elements, a bulk
+                string over ``max_bulk`` or an unknown type.
+        """
+        limits = self.limits
+        stack: list[list[Any]] = []  # [elements, remaining]
+        elements = 0
+        while True:
+            line = yield from self.line()
+            kind = line[:1]
+            value: Any
+            if kind == b"$":
+                n = parse_length(line, "bulk string", limits.max_bulk)
+                if n < 0:
+                    value = None
+                else:
+                    value = yield from self.read_bytes(n)
+                    yield from self.crlf()
+            elif kind == b"+":
+                value = line[1:]
+            elif kind == b":":
+                if _DIGITS.fullmatch(line[1:]) is None:
+                    raise ProtocolError(f"malformed integer reply {line[:40]!r}")
+                value = int(line[1:])
+            elif kind == b"-":
+                value = ErrorReply(_text(line[1:]))
+            elif kind == b"*":
+                n = parse_length(line, "array", limits.max_elements)
+                if n < 0:
+                    value = None
+                elif n == 0:
+                    value = []
+                else:
+                    elements += n
+                    if elements > limits.max_elements:
+                        raise ProtocolError(
+                            f"reply has more than {limits.max_elements} array elements"
+                        )
+                    if len(stack) >= limits.max_depth:
+                        raise ProtocolError(
+                            f"reply nests arrays deeper than {limits.max_depth} levels"
+                        )
+                    stack.append([[], n])
+                    continue
+            else:
+                raise ProtocolError(f"unexpected reply line {line[:40]!r}")
+            while stack:
+                top = stack[-1]
+                top[0].append(value)
+                top[1] -= 1
+                if top[1]:
+                    break
+                value = top[0]
+                stack.pop()
+            else:
+                return value

@@ -27,7 +27,7 @@ from kvpool.errors import (
     StoreTimeoutError,
 )
 from kvpool.remote import RedisStore, open_store
-from kvpool.remote.header import encode_header, layout_for
+from kvpool.remote.header import encode_header, key_tag, layout_for
 
 from .conftest import KV_DTYPE, KV_FMT, KV_SHAPE, RedisServer, assert_clean, fill, need_redis
 
@@ -51,8 +51,10 @@ def _put_one(store: RedisStore, pool: kvpool.TensorMemoryAllocator, key: str = "
     return data
 
 
-def _header(size: int = KV_BYTES) -> bytes:
-    return encode_header(layout_for([KV_SHAPE], [KV_DTYPE]), KV_FMT, size, None)
+def _header(size: int = KV_BYTES, rkey: bytes | None = b"k", crc: int | None = None) -> bytes:
+    """A header as RedisStore writes it for ``rkey`` (None: without key tag)."""
+    layout = layout_for([KV_SHAPE], [KV_DTYPE])
+    return encode_header(layout, KV_FMT, size, crc, None if rkey is None else key_tag(rkey))
 
 
 def _both_gets_fail(store: RedisStore, pool: kvpool.TensorMemoryAllocator, error: type, match: str):
@@ -68,37 +70,64 @@ def _both_gets_fail(store: RedisStore, pool: kvpool.TensorMemoryAllocator, error
 
 
 # -- damaged entries ---------------------------------------------------
+# The entry format is one string value: header (with the key tag) + bytes.
+
+
+def _damaged(rkey: bytes) -> list[tuple[bytes, str]]:
+    good = _header(rkey=rkey)
+    flipped = good[:40] + bytes([good[40] ^ 0xFF]) + good[41:]
+    payload = b"x" * KV_BYTES
+    return [
+        (good + payload[:-1], "8191 payload bytes stored"),
+        (good + payload + b"x", "8193 payload bytes stored"),
+        (good, "0 payload bytes stored"),
+        (payload, "not a kvpool entry"),
+        (b"garbage", "truncated"),
+        (b"NOPE" + good[4:] + payload, "not a kvpool entry"),
+        (flipped + payload, "CRC"),
+        (good[:-1], "truncated header"),
+        (good + bytes(64) + payload, "8256 payload bytes stored"),
+        (_header(rkey=rkey + b"-other") + payload, "belongs to another key"),
+        (_header(rkey=None) + payload, "no key tag"),
+    ]
 
 
 @pytest.mark.redis
-@pytest.mark.parametrize(
-    ("fields", "match"),
-    [
-        ({b"h": _header(), b"d": b"x" * (KV_BYTES - 1)}, "8191 payload bytes stored"),
-        ({b"h": _header(), b"d": b"x" * (KV_BYTES + 1)}, "8193 payload bytes stored"),
-        ({b"h": _header()}, "header but no bytes"),
-        ({b"d": b"x" * KV_BYTES}, "bytes but no header"),
-        ({b"h": b"garbage", b"d": b"x"}, "truncated"),
-        ({b"h": b"NOPE" + _header()[4:], b"d": b"x" * KV_BYTES}, "not a kvpool entry"),
-        ({b"h": _header()[:40] + b"\xff" + _header()[41:], b"d": b"x" * KV_BYTES}, "CRC"),
-        ({b"h": _header()[:-1], b"d": b"x" * KV_BYTES}, "truncated header"),
-        ({b"h": _header() + b"\x00" * 64, b"d": b"x" * KV_BYTES}, "trailing bytes"),
-    ],
-)
+@pytest.mark.parametrize("case", range(len(_damaged(b""))))
 def test_damaged_entries(
     redis_server: RedisServer,
     redis_store: RedisStore,
     pool: kvpool.TensorMemoryAllocator,
-    fields: dict[bytes, bytes],
-    match: str,
+    case: int,
 ) -> None:
     key = redis_store._prefix + b"k"
-    args = [x for kv in fields.items() for x in kv]
-    assert _raw(redis_server, b"HSET", key, *args).startswith(b":")
+    value, match = _damaged(key)[case]
+    assert _raw(redis_server, b"SET", key, value) == b"+OK\r\n"
     _both_gets_fail(redis_store, pool, CorruptEntryError, match)
-    if b"h" not in fields or b"d" not in fields or match.endswith("stored"):
-        with pytest.raises(CorruptEntryError):
-            redis_store.head("k")
+    with pytest.raises(CorruptEntryError):
+        redis_store.head("k")
+
+
+@pytest.mark.redis
+def test_old_hash_format_and_other_types_are_refused(
+    redis_server: RedisServer, redis_store: RedisStore, pool: kvpool.TensorMemoryAllocator
+) -> None:
+    key = redis_store._prefix + b"k"
+    # The hash format of earlier kvpool versions: HSET k h <header> d <bytes>.
+    old = _header(rkey=None)
+    assert _raw(redis_server, b"HSET", key, b"h", old, b"d", b"x" * KV_BYTES) == b":2\r\n"
+    _both_gets_fail(redis_store, pool, CorruptEntryError, "hash format of earlier kvpool")
+    with pytest.raises(CorruptEntryError, match="hash format"):
+        redis_store.head("k")
+    assert redis_store.exists("k")
+    # put replaces whatever the key held
+    data = _put_one(redis_store, pool)
+    got = redis_store.get("k", pool)
+    assert got is not None and bytes(got.byte_array) == data
+    got.ref_count_down()
+    assert _raw(redis_server, b"DEL", key) == b":1\r\n"
+    assert _raw(redis_server, b"RPUSH", key, b"a") == b":1\r\n"
+    _both_gets_fail(redis_store, pool, CorruptEntryError, "did not write")
 
 
 @pytest.mark.redis
@@ -107,8 +136,8 @@ def test_key_of_another_type(
 ) -> None:
     key = redis_store._prefix + b"k"
     assert _raw(redis_server, b"SET", key, b"plain string") == b"+OK\r\n"
-    _both_gets_fail(redis_store, pool, CorruptEntryError, "did not write")
-    with pytest.raises(CorruptEntryError, match="did not write"):
+    _both_gets_fail(redis_store, pool, CorruptEntryError, "not a kvpool entry")
+    with pytest.raises(CorruptEntryError, match="not a kvpool entry"):
         redis_store.head("k")
     assert redis_store.exists("k")
     # put replaces whatever the key held
@@ -126,7 +155,10 @@ def test_flipped_payload_byte_with_checksum(
         _put_one(store, pool)
         info = store.head("k")
         assert info is not None and info.payload_crc is not None
-        assert _raw(redis_server, b"HSET", b"crc:k", b"d", b"\x00" * KV_BYTES) == b":0\r\n"
+        offset = b"%d" % (info.header_size + 100)
+        assert _raw(redis_server, b"SETRANGE", b"crc:k", offset, b"\x00") == b":%d\r\n" % (
+            info.header_size + KV_BYTES
+        )
         _both_gets_fail(store, pool, CorruptEntryError, "CRC")
 
 
@@ -339,31 +371,28 @@ def test_missing_client(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 class _Conn:
-    """Records what RedisStore hands to ``send_packed_command``."""
+    """Records what RedisStore hands to ``send``, then fails like a lost connection."""
 
     def __init__(self) -> None:
         self.sent: list[object] = []
-        self._sock = None
 
-    def send_packed_command(self, items: list[object], check_health: bool = True) -> None:
-        self.sent = list(items)
+    def send(self, parts: list[object], deadline: float) -> None:
+        self.sent = list(parts)
         raise ConnectionResetError("stop here")
-
-    def disconnect(self) -> None:
-        pass
 
 
 class _Pool:
     def __init__(self) -> None:
         self.conn = _Conn()
+        self.discarded = 0
 
-    def get_connection(self) -> _Conn:
+    def acquire(self, deadline: float) -> _Conn:
         return self.conn
 
-    def release(self, conn: _Conn) -> None:
-        pass
+    def discard(self, conn: _Conn) -> None:
+        self.discarded += 1
 
-    def disconnect(self) -> None:
+    def close(self) -> None:
         pass
 
 
@@ -378,6 +407,7 @@ def test_put_hands_the_object_memory_to_the_socket_uncopied(
     fill(src, 1)
     with pytest.raises(StoreConnectionError):
         store.put("k", src)
+    assert fake.discarded == 1  # a failed call never gives its connection back
     views = [x for x in fake.conn.sent if isinstance(x, memoryview)]
     assert len(views) == 1
     view = views[0]
@@ -388,6 +418,7 @@ def test_put_hands_the_object_memory_to_the_socket_uncopied(
     assert all(isinstance(x, bytes) and len(x) < 512 for x in fake.conn.sent if x is not view)
     assert src.get_ref_count() == 1
     src.ref_count_down()
+    store.close()
 
 
 @pytest.mark.redis

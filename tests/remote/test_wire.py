@@ -5,15 +5,17 @@ from __future__ import annotations
 import socket
 import struct
 import threading
+import time
 import zlib
 
 import pytest
 import torch
 
-from kvpool.errors import CorruptEntryError, InvalidArgumentError, RemoteStoreError
+from kvpool.errors import CorruptEntryError, InvalidArgumentError
 from kvpool.formats import MemoryFormat
 from kvpool.remote import header as hdr
-from kvpool.remote.resp import RespReader, ServerClosed, bulk_length
+from kvpool.remote.connection import RedisConnection
+from kvpool.remote.resp import Limits, ProtocolError, ServerClosed, parse_length
 
 SHAPES = [torch.Size([2, 4, 16, 32]), torch.Size([3]), torch.Size([])]
 DTYPES = [torch.float16, torch.int64, torch.float8_e4m3fn]
@@ -111,11 +113,10 @@ def test_malformed_group_records() -> None:
 
 
 def _pair(
-    data: bytes, chunk: int = 0, close: bool = True
-) -> tuple[socket.socket, threading.Thread]:
-    """A socket that receives ``data`` (in pieces of ``chunk`` bytes) from a thread."""
+    data: bytes, chunk: int = 0, close: bool = True, limits: Limits | None = None
+) -> tuple[RedisConnection, threading.Thread, socket.socket]:
+    """A connection that receives ``data`` (in pieces of ``chunk`` bytes) from a thread."""
     a, b = socket.socketpair()
-    a.settimeout(5)
 
     def send() -> None:
         step = chunk or len(data) or 1
@@ -126,85 +127,114 @@ def _pair(
 
     thread = threading.Thread(target=send)
     thread.start()
-    if not close:
-        thread.b = b  # type: ignore[attr-defined]
-    return a, thread
+    conn = RedisConnection(a, "test", limits=limits or Limits())
+    return conn, thread, b
+
+
+def _deadline(seconds: float = 5.0) -> float:
+    return time.monotonic() + seconds
 
 
 @pytest.mark.parametrize("chunk", [0, 1, 3, 7, 4096])
 def test_reader_reads_values_in_place(chunk: int) -> None:
     payload = bytes(range(256)) * 40
     wire = b"*2\r\n$5\r\nhello\r\n$%d\r\n%b\r\n:42\r\n" % (len(payload), payload)
-    sock, thread = _pair(wire, chunk)
-    r = RespReader(sock, size=64)
-    assert r.line() == b"*2"
-    assert r.bulk() == b"hello"
-    n = bulk_length(r.line())
-    dest = bytearray(n)  # type: ignore[arg-type]
-    r.read_into(memoryview(dest))
-    r.crlf()
-    assert bytes(dest) == payload
-    assert r.line() == b":42" and r.pending() == 0
+    conn, thread, _ = _pair(wire, chunk)
+    r = conn.reader
+    dest = bytearray(len(payload))
+
+    def steps():  # type: ignore[no-untyped-def]
+        assert (yield from r.line()) == b"*2"
+        assert (yield from r.reply()) == b"hello"
+        n = parse_length((yield from r.line()), "bulk", 1 << 20)
+        assert n == len(payload)
+        yield from r.read_into(memoryview(dest))
+        yield from r.crlf()
+        return (yield from r.reply())
+
+    assert conn.run(steps(), _deadline()) == 42
+    assert bytes(dest) == payload and r.pending() == 0
     thread.join()
-    sock.close()
+    conn.close()
+
+
+def test_reader_generic_replies() -> None:
+    wire = b"*3\r\n+OK\r\n*2\r\n:1\r\n$-1\r\n*0\r\n-ERR boom\r\n*-1\r\n"
+    conn, thread, _ = _pair(wire, 2)
+    r = conn.reader
+    assert conn.run(r.reply(), _deadline()) == [b"OK", [1, None], []]
+    err = conn.run(r.reply(), _deadline())
+    assert err.text == "ERR boom" and err.code == "ERR"
+    assert conn.run(r.reply(), _deadline()) is None
+    thread.join()
+    conn.close()
 
 
 def test_reader_server_closes_mid_value() -> None:
-    sock, thread = _pair(b"$100\r\n" + b"x" * 50)
-    r = RespReader(sock)
-    assert bulk_length(r.line()) == 100
+    conn, thread, _ = _pair(b"$100\r\n" + b"x" * 50)
+
+    def steps():  # type: ignore[no-untyped-def]
+        assert parse_length((yield from conn.reader.line()), "bulk", 100) == 100
+        yield from conn.reader.read_into(memoryview(bytearray(100)))
+
     with pytest.raises(ServerClosed):
-        r.read_into(memoryview(bytearray(100)))
+        conn.run(steps(), _deadline())
     thread.join()
-    sock.close()
+    conn.close()
 
 
 def test_reader_server_closes_mid_line() -> None:
-    sock, thread = _pair(b"*2\r\n$1")
-    r = RespReader(sock)
-    assert r.line() == b"*2"
+    conn, thread, _ = _pair(b"*2\r\n$1")
     with pytest.raises(ServerClosed):
-        r.line()
+        conn.run(conn.reader.reply(), _deadline())
     thread.join()
-    sock.close()
+    conn.close()
 
 
-def test_reader_timeout() -> None:
-    sock, thread = _pair(b"$3\r\nab", close=False)
-    sock.settimeout(0.1)
-    r = RespReader(sock)
-    assert bulk_length(r.line()) == 3
+def test_reader_deadline_bounds_the_whole_reply() -> None:
+    conn, thread, peer = _pair(b"$3\r\nab", close=False)
     with pytest.raises(TimeoutError):
-        r.read_into(memoryview(bytearray(3)))
+        conn.run(conn.reader.reply(), _deadline(0.1))
     thread.join()
-    thread.b.close()  # type: ignore[attr-defined]
-    sock.close()
+    peer.close()
+    conn.close()
 
 
 def test_reader_refuses_long_lines_and_bad_endings() -> None:
-    sock, thread = _pair(b"+" + b"y" * 100 + b"\r\n")
-    with pytest.raises(RemoteStoreError, match="longer than"):
-        RespReader(sock, size=32).line()
+    limits = Limits(max_line=32, buffer=64)
+    conn, thread, _ = _pair(b"+" + b"y" * 100 + b"\r\n", limits=limits)
+    with pytest.raises(ProtocolError, match="longer than"):
+        conn.run(conn.reader.reply(), _deadline())
     thread.join()
-    sock.close()
-    sock, thread = _pair(b"$2\r\nabXY")
-    with pytest.raises(RemoteStoreError, match="CRLF"):
-        RespReader(sock).bulk()
+    conn.close()
+    conn, thread, _ = _pair(b"$2\r\nabXY")
+    with pytest.raises(ProtocolError, match="CRLF"):
+        conn.run(conn.reader.reply(), _deadline())
     thread.join()
-    sock.close()
+    conn.close()
 
 
 @pytest.mark.parametrize(
     ("line", "expected"),
-    [(b"$5", 5), (b"$0", 0), (b"$-1", None), (b"_", None)],
+    [(b"$5", 5), (b"$0", 0), (b"$-1", -1), (b"*7", 7)],
 )
-def test_bulk_length(line: bytes, expected: int | None) -> None:
-    assert bulk_length(line) == expected
+def test_parse_length(line: bytes, expected: int) -> None:
+    assert parse_length(line, "bulk", 100) == expected
 
 
 @pytest.mark.parametrize(
-    ("line", "match"), [(b"-ERR boom", "ERR boom"), (b":3", "unexpected"), (b"$x", "malformed")]
+    ("line", "match"),
+    [
+        (b"$x", "malformed"),
+        (b"$ 5", "malformed"),
+        (b"$1_0", "malformed"),
+        (b"$+5", "malformed"),
+        (b"$-2", "limit"),
+        (b"$101", "limit"),
+        (b"$%d" % (1 << 62), "limit"),
+        (b"$%d" % (1 << 64), "malformed"),
+    ],
 )
-def test_bulk_length_errors(line: bytes, match: str) -> None:
-    with pytest.raises(RemoteStoreError, match=match):
-        bulk_length(line)
+def test_parse_length_errors(line: bytes, match: str) -> None:
+    with pytest.raises(ProtocolError, match=match):
+        parse_length(line, "bulk", 100)
