@@ -37,6 +37,15 @@ How the bytes move:
   and raises.  Without the layout the header is read first (one more
   ``pread``) and the stored layout is allocated.
 
+Hostile files: every entry and spare is opened with ``O_NOFOLLOW |
+O_NONBLOCK`` (a symlink is refused, a FIFO or device cannot block the
+call) and used only when ``fstat`` shows a regular file with exactly one
+link, owned by this process's user.  Anything else at an entry's name is
+a :class:`~kvpool.errors.CorruptEntryError`; anything else at a spare's
+name is discarded (the name is unlinked, the file it points to is never
+written).  So neither a symlink nor a hard link planted in the directory
+makes a store read or write a file outside it.
+
 Key to file name: ``"k"`` + the key percent-encoded (every byte but
 ``A-Z a-z 0-9 _ . - ~``), or ``"h"`` + the SHA-256 of the key when that
 name would be longer than 200 characters.  Names never contain ``/``,
@@ -54,6 +63,7 @@ import hashlib
 import itertools
 import os
 import re
+import stat
 import threading
 import time
 import zlib
@@ -74,10 +84,10 @@ from kvpool.pool.objects import MemoryObj
 from kvpool.remote.base import (
     Key,
     RemoteStore,
-    allocate,
     check_format,
     check_stored,
     describe,
+    destination,
     discard,
     hold,
     key_bytes,
@@ -100,8 +110,16 @@ __all__ = ["FileStore"]
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-_RFLAGS = os.O_RDONLY | _CLOEXEC | _NOFOLLOW
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+_RFLAGS = os.O_RDONLY | _CLOEXEC | _NOFOLLOW | _NONBLOCK
 _WFLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _CLOEXEC | _NOFOLLOW
+#: errno of an ``open`` that met something other than a regular file.
+_NOT_A_FILE = {
+    errno.ELOOP: "a symbolic link",  # O_NOFOLLOW
+    errno.ENXIO: "a socket or a device without a driver",
+    errno.ENODEV: "a device",
+}
+_SPARE_FLAGS = os.O_RDWR | _CLOEXEC | _NOFOLLOW | _NONBLOCK
 _TMP = ".tmp-"
 _MAX_NAME = 200
 _HEAD_READ = 4096
@@ -144,6 +162,30 @@ def _exchange(a: str, b: str) -> bool:
     if err == errno.ENOENT and os.path.lexists(a):
         return False
     raise OSError(err, os.strerror(err))
+
+
+def unsafe_file(st: os.stat_result) -> str | None:
+    """Why a file (by its ``fstat``) must not be used as an entry, or None when it may.
+
+    Only a regular file with one link, owned by this process's user, is
+    an entry: not a FIFO, device, socket or directory (which could block
+    or mislead), not a hard link (which could be a file outside the
+    store), not another user's file.
+    """
+    if not stat.S_ISREG(st.st_mode):
+        kind = (
+            "a FIFO"
+            if stat.S_ISFIFO(st.st_mode)
+            else "a directory"
+            if stat.S_ISDIR(st.st_mode)
+            else "a device or socket"
+        )
+        return f"is {kind}, not a regular file"
+    if st.st_nlink != 1:
+        return f"has {st.st_nlink} hard links (it may be a file outside the store)"
+    if st.st_uid != os.geteuid():
+        return f"is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})"
+    return None
 
 
 def _pid_alive(pid: int) -> bool:
@@ -330,13 +372,15 @@ class FileStore(RemoteStore):
         then the spare is dropped instead.
         """
         try:
-            fd = os.open(spare, os.O_RDWR | _CLOEXEC | _NOFOLLOW)
+            fd = os.open(spare, _SPARE_FLAGS)
         except OSError:
             with contextlib.suppress(OSError):
                 os.unlink(spare)
             return False
         keep = False
         try:
+            if unsafe_file(os.fstat(fd)) is not None:
+                return False  # not ours to write: the name is unlinked below
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -432,8 +476,7 @@ class FileStore(RemoteStore):
         obj = None
         try:
             if layout is not None and fmt is not None:
-                obj = allocate(allocator, layout, fmt, lambda: self._where("get", kb))
-                view = obj.byte_array
+                obj, view = destination(allocator, layout, fmt, lambda: self._where("get", kb))
                 header = bytearray(layout.header_size)
                 n = os.preadv(fd, (header, view, bytearray(1)), 0)
                 if n == layout.header_size + layout.nbytes:
@@ -455,8 +498,7 @@ class FileStore(RemoteStore):
             check_stored(info, layout, fmt, self._where("get", kb))
             if layout is None:
                 layout = layout_for(info.shapes, info.dtypes)
-            obj = allocate(allocator, layout, fmt or info.fmt, self._where("get", kb))
-            view = obj.byte_array
+            obj, view = destination(allocator, layout, fmt or info.fmt, self._where("get", kb))
             n = os.preadv(fd, (view[: info.size], bytearray(1)), info.header_size)
             if n != info.size:
                 raise CorruptEntryError(
@@ -495,9 +537,25 @@ class FileStore(RemoteStore):
                     fd = os.open(path, _RFLAGS)
                 except FileNotFoundError:
                     return None
+                except OSError as exc:
+                    what = _NOT_A_FILE.get(exc.errno)  # type: ignore[arg-type]
+                    if what is not None:
+                        raise CorruptEntryError(
+                            exc.errno,
+                            f"{self._where(action, kb)}: is {what}, not a regular file; "
+                            "not an entry, delete it",
+                        ) from None
+                    raise
                 try:
-                    fcntl.flock(fd, fcntl.LOCK_SH)
                     st = os.fstat(fd)
+                    if st.st_nlink == 0 and stat.S_ISREG(st.st_mode):
+                        continue  # unlinked since the open (replaced or deleted): again
+                    why = unsafe_file(st)
+                    if why is not None:
+                        raise CorruptEntryError(
+                            f"{self._where(action, kb)}: {why}; not an entry, delete it"
+                        )
+                    fcntl.flock(fd, fcntl.LOCK_SH)
                     now = os.stat(path, follow_symlinks=False)
                     if now.st_ino == st.st_ino and now.st_dev == st.st_dev:
                         fd, keep = -1, fd
@@ -508,6 +566,8 @@ class FileStore(RemoteStore):
                     if fd >= 0:
                         os.close(fd)
         except OSError as exc:
+            if isinstance(exc, KVPoolError):
+                raise
             raise self._os_error(exc, action, kb) from exc
         raise RemoteStoreError(
             errno.EBUSY,

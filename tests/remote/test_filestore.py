@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -21,6 +23,7 @@ from kvpool.remote import FileStore, open_store
 from kvpool.remote.header import FIXED_SIZE
 
 from .conftest import KV_DTYPE, KV_FMT, KV_SHAPE, fill
+from .hostile_server import bounded
 
 KV_BYTES = KV_SHAPE.numel() * KV_DTYPE.itemsize
 
@@ -335,6 +338,119 @@ def test_symlink_is_refused(
     os.symlink(target, file_store.path("k"))
     with pytest.raises(RemoteStoreError):
         file_store.get("k", pool)
+    assert pool.stats().active_objects == 0
+
+
+# -- hostile files -----------------------------------------------------
+# Anything but a regular file with one link, owned by this user, at an
+# entry's name is refused; at a spare's name it is discarded, never written.
+
+
+def _spares(store: FileStore) -> list[Path]:
+    return sorted(Path(store.directory).glob(".tmp-*"))
+
+
+def _release_fifo(path: Path) -> None:
+    """Let a reader stuck opening the FIFO go (the code before the fix blocked there)."""
+    with contextlib.suppress(OSError):
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+
+
+def test_fifo_at_an_entry_does_not_hang(
+    file_store: FileStore, pool: kvpool.TensorMemoryAllocator
+) -> None:
+    fifo = Path(file_store.path("k"))
+    os.mkfifo(fifo)
+    try:
+        for call in (
+            lambda: file_store.get("k", pool, KV_SHAPE, KV_DTYPE, KV_FMT),
+            lambda: file_store.get("k", pool),
+            lambda: file_store.head("k"),
+        ):
+            with pytest.raises(CorruptEntryError, match="FIFO"):
+                bounded(call, 10)
+            assert pool.stats().active_objects == 0
+    finally:
+        _release_fifo(fifo)
+    # put replaces it with a real entry
+    _, data = _entry(file_store, pool)
+    got = file_store.get("k", pool)
+    assert got is not None and bytes(got.byte_array) == data
+    got.ref_count_down()
+
+
+def test_other_file_kinds_at_an_entry(
+    file_store: FileStore, pool: kvpool.TensorMemoryAllocator
+) -> None:
+    os.mkdir(file_store.path("d"))
+    with pytest.raises(CorruptEntryError, match="directory"):
+        bounded(lambda: file_store.get("d", pool))
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(file_store.path("s"))
+        with pytest.raises(CorruptEntryError, match="not a regular file"):
+            bounded(lambda: file_store.head("s"))
+
+
+def test_hard_link_at_an_entry_is_neither_read_nor_overwritten(
+    file_store: FileStore, pool: kvpool.TensorMemoryAllocator, tmp_path: Path
+) -> None:
+    # An outside file that even holds a valid entry, linked in under a key.
+    path, _ = _entry(file_store, pool, "valid")
+    outside = tmp_path / "outside"
+    outside.write_bytes(path.read_bytes())
+    precious = outside.read_bytes()
+    os.link(outside, file_store.path("k"))
+    with pytest.raises(CorruptEntryError, match="hard links"):
+        bounded(lambda: file_store.get("k", pool))
+    with pytest.raises(CorruptEntryError, match="hard links"):
+        bounded(lambda: file_store.head("k"))
+    # Replacing the entry swaps the link out as a spare; later puts must
+    # discard it instead of rewriting it.
+    for key in ("k", "other", "k", "third"):
+        _entry(file_store, pool, key, seed=7)
+        assert outside.read_bytes() == precious
+    assert outside.stat().st_nlink == 1
+
+
+def test_hard_link_or_fifo_planted_at_a_spare_is_discarded(
+    file_store: FileStore, pool: kvpool.TensorMemoryAllocator, tmp_path: Path
+) -> None:
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"precious " * 1000)
+    for plant in ("link", "fifo", "symlink"):
+        _entry(file_store, pool, "k", seed=1)
+        _entry(file_store, pool, "k", seed=2)  # the first file is now a spare
+        (spare,) = _spares(file_store)
+        spare.unlink()
+        if plant == "link":
+            os.link(outside, spare)
+        elif plant == "fifo":
+            os.mkfifo(spare)
+        else:
+            os.symlink(outside, spare)
+        try:
+            _, data = bounded(lambda: _entry(file_store, pool, "k", seed=3), 10)
+        finally:
+            if plant == "fifo":
+                _release_fifo(spare)
+        assert outside.read_bytes() == b"precious " * 1000
+        got = file_store.get("k", pool)
+        assert got is not None and bytes(got.byte_array) == data
+        got.ref_count_down()
+        assert plant == "link" or not spare.exists() or spare.is_file()
+        file_store.delete("k")
+        for leftover in _spares(file_store):
+            leftover.unlink()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="changing a file's owner needs root")
+def test_file_of_another_user_is_refused(
+    file_store: FileStore, pool: kvpool.TensorMemoryAllocator
+) -> None:
+    path, _ = _entry(file_store, pool)
+    os.chown(path, 12345, -1)
+    with pytest.raises(CorruptEntryError, match="owned by uid 12345"):
+        bounded(lambda: file_store.get("k", pool))
     assert pool.stats().active_objects == 0
 
 
