@@ -56,7 +56,6 @@ outside the directory.  Temporary files start with ``.tmp-``.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import fcntl
 import hashlib
@@ -94,6 +93,18 @@ from kvpool.remote.base import (
     release,
     requested_layout,
 )
+from kvpool.remote.fileio import (
+    CLOEXEC,
+    NOT_A_FILE,
+    READ_FLAGS,
+    SPARE_FLAGS,
+    WRITE_FLAGS,
+    pid_alive,
+    renameat2,
+    unsafe_file,
+    write_all,
+)
+from kvpool.remote.fileio import exchange as _exchange
 from kvpool.remote.header import (
     FLAG_PAYLOAD_CRC,
     EntryInfo,
@@ -108,94 +119,11 @@ from kvpool.remote.header import (
 
 __all__ = ["FileStore"]
 
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
-_RFLAGS = os.O_RDONLY | _CLOEXEC | _NOFOLLOW | _NONBLOCK
-_WFLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _CLOEXEC | _NOFOLLOW
-#: errno of an ``open`` that met something other than a regular file.
-_NOT_A_FILE = {
-    errno.ELOOP: "a symbolic link",  # O_NOFOLLOW
-    errno.ENXIO: "a socket or a device without a driver",
-    errno.ENODEV: "a device",
-}
-_SPARE_FLAGS = os.O_RDWR | _CLOEXEC | _NOFOLLOW | _NONBLOCK
 _TMP = ".tmp-"
 _MAX_NAME = 200
 _HEAD_READ = 4096
 _OPEN_TRIES = 100
 _PLAIN_NAME = re.compile(rb"[A-Za-z0-9_.~-]{0,199}").fullmatch
-
-
-_RENAME_EXCHANGE = 2
-_AT_FDCWD = -100
-
-
-def _load_renameat2() -> object | None:
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).renameat2
-    except (OSError, AttributeError):  # glibc < 2.28, or not glibc
-        return None
-    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    fn.restype = ctypes.c_int
-    return fn
-
-
-_renameat2 = _load_renameat2()
-
-
-def _exchange(a: str, b: str) -> bool:
-    """Atomically swap the files at ``a`` and ``b`` (``renameat2(RENAME_EXCHANGE)``).
-
-    Returns:
-        False when ``b`` does not exist (nothing was done).
-
-    Raises:
-        OSError: the call failed otherwise (``EINVAL``/``ENOSYS``: the file
-            system or kernel cannot exchange).
-    """
-    if _renameat2 is None:
-        raise OSError(errno.ENOSYS, "renameat2 is not available")
-    if _renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:  # type: ignore[operator]
-        return True
-    err = ctypes.get_errno()
-    if err == errno.ENOENT and os.path.lexists(a):
-        return False
-    raise OSError(err, os.strerror(err))
-
-
-def unsafe_file(st: os.stat_result) -> str | None:
-    """Why a file (by its ``fstat``) must not be used as an entry, or None when it may.
-
-    Only a regular file with one link, owned by this process's user, is
-    an entry: not a FIFO, device, socket or directory (which could block
-    or mislead), not a hard link (which could be a file outside the
-    store), not another user's file.
-    """
-    if not stat.S_ISREG(st.st_mode):
-        kind = (
-            "a FIFO"
-            if stat.S_ISFIFO(st.st_mode)
-            else "a directory"
-            if stat.S_ISDIR(st.st_mode)
-            else "a device or socket"
-        )
-        return f"is {kind}, not a regular file"
-    if st.st_nlink != 1:
-        return f"has {st.st_nlink} hard links (it may be a file outside the store)"
-    if st.st_uid != os.geteuid():
-        return f"is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})"
-    return None
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class FileStore(RemoteStore):
@@ -263,7 +191,7 @@ class FileStore(RemoteStore):
         self._durable = bool(durable)
         self._seq = itertools.count()
         # Spare files: replaced entries kept to be overwritten by later puts.
-        self._reuse = bool(reuse_files) and not self._durable and _renameat2 is not None
+        self._reuse = bool(reuse_files) and not self._durable and renameat2 is not None
         self._spares: list[str] = []
         self._spares_pid = os.getpid()
         self._spares_lock = threading.Lock()
@@ -331,12 +259,12 @@ class FileStore(RemoteStore):
                 return
         tmp = f"{self._prefix}{_TMP}{os.getpid()}-{next(self._seq)}"
         try:
-            fd = os.open(tmp, _WFLAGS, 0o644)
+            fd = os.open(tmp, WRITE_FLAGS, 0o644)
         except OSError as exc:
             raise self._os_error(exc, "put", kb) from exc
         try:
             try:
-                _write_all(fd, header, view)
+                write_all(fd, header, view)
                 if self._durable:
                     os.fsync(fd)
             finally:
@@ -372,7 +300,7 @@ class FileStore(RemoteStore):
         then the spare is dropped instead.
         """
         try:
-            fd = os.open(spare, _SPARE_FLAGS)
+            fd = os.open(spare, SPARE_FLAGS)
         except OSError:
             with contextlib.suppress(OSError):
                 os.unlink(spare)
@@ -385,7 +313,7 @@ class FileStore(RemoteStore):
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 return False  # a reader is still on it
-            total = _write_all(fd, header, view, at=0)
+            total = write_all(fd, header, view, at=0)
             os.ftruncate(fd, total)
             if _exchange(spare, path):
                 keep = True  # the spare now names the entry this put replaced
@@ -433,7 +361,7 @@ class FileStore(RemoteStore):
 
     def _sync_directory(self, kb: bytes) -> None:
         try:
-            dfd = os.open(self.directory, os.O_RDONLY | _CLOEXEC)
+            dfd = os.open(self.directory, os.O_RDONLY | CLOEXEC)
             try:
                 os.fsync(dfd)
             finally:
@@ -534,11 +462,11 @@ class FileStore(RemoteStore):
         try:
             for _ in range(_OPEN_TRIES):
                 try:
-                    fd = os.open(path, _RFLAGS)
+                    fd = os.open(path, READ_FLAGS)
                 except FileNotFoundError:
                     return None
                 except OSError as exc:
-                    what = _NOT_A_FILE.get(exc.errno)  # type: ignore[arg-type]
+                    what = NOT_A_FILE.get(exc.errno)  # type: ignore[arg-type]
                     if what is not None:
                         raise CorruptEntryError(
                             exc.errno,
@@ -704,7 +632,7 @@ class FileStore(RemoteStore):
                 pid = int(name[len(_TMP) :].split("-", 1)[0])
             except ValueError:
                 continue
-            if pid == me or _pid_alive(pid):
+            if pid == me or pid_alive(pid):
                 continue
             try:
                 if now - entry.stat(follow_symlinks=False).st_mtime < min_age_s:
@@ -717,22 +645,3 @@ class FileStore(RemoteStore):
 
     def __repr__(self) -> str:
         return f"<FileStore {self.directory!r}{' closed' if self._closed else ''}>"
-
-
-def _write_all(fd: int, header: bytes, view: memoryview, at: int | None = None) -> int:
-    """Write header then bytes (one ``writev``/``pwritev``, more if it is short).
-
-    Returns:
-        The bytes written.
-    """
-    total = len(header) + view.nbytes
-    parts = (header, view)
-    done = os.writev(fd, parts) if at is None else os.pwritev(fd, parts, at)
-    hsize = len(header)
-    while done < total:
-        rest = header[done:] if done < hsize else view[done - hsize :]
-        n = os.write(fd, rest) if at is None else os.pwrite(fd, rest, at + done)
-        if n <= 0:
-            raise OSError(errno.EIO, "write made no progress")
-        done += n
-    return total

@@ -46,6 +46,7 @@ from typing import Any, TypeVar
 
 import torch
 
+import kvpool.remote.rediswire as wire
 from kvpool.errors import (
     InvalidArgumentError,
     KVPoolError,
@@ -56,7 +57,6 @@ from kvpool.errors import (
 from kvpool.formats import MemoryFormat
 from kvpool.pool.interface import MemoryAllocatorInterface
 from kvpool.pool.objects import MemoryObj
-from kvpool.remote import rediswire as wire
 from kvpool.remote.base import (
     Key,
     RemoteStore,
