@@ -461,6 +461,10 @@ _DROPPED_OPTIONS = (
     "retry_on_timeout",
     "retry_on_error",
     "health_check_interval",
+    "socket_timeout",  # the store's own timeout and deadline govern
+    "socket_connect_timeout",
+    "protocol",
+    "retry",
 )
 
 

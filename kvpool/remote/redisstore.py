@@ -254,7 +254,7 @@ class RedisStore(RemoteStore):
         def op(conn: RedisConnection, deadline: float) -> int | ErrorReply:
             conn.send([cmd, wire.sentinel_command(nonce)], deadline)
             n = conn.run(wire.read_count(conn.reader, what), deadline)
-            conn.run(wire.read_sentinel(conn.reader, nonce), deadline)
+            conn.run(wire.read_sentinel(conn.reader, nonce, self._where(action, kb)), deadline)
             return n  # type: ignore[no-any-return]
 
         n = self._call(action, kb, op)
@@ -274,7 +274,7 @@ class RedisStore(RemoteStore):
 
         def op(conn: RedisConnection, deadline: float) -> None:
             conn.send([wire.sentinel_command(nonce)], deadline)
-            conn.run(wire.read_sentinel(conn.reader, nonce), deadline)
+            conn.run(wire.read_sentinel(conn.reader, nonce, self._where("ping", None)), deadline)
 
         self._call("ping", None, op)
 
@@ -319,7 +319,7 @@ class RedisStore(RemoteStore):
             def op(conn: RedisConnection, deadline: float) -> ErrorReply | None:
                 conn.send(parts, deadline)
                 refused = conn.run(wire.read_ok(conn.reader), deadline)
-                conn.run(wire.read_sentinel(conn.reader, nonce), deadline)
+                conn.run(wire.read_sentinel(conn.reader, nonce, self._where("put", kb)), deadline)
                 return refused  # type: ignore[no-any-return]
 
             refused = self._call("put", kb, op)
@@ -370,7 +370,9 @@ class RedisStore(RemoteStore):
                     deadline,
                     replies,
                 )
-                conn.run(wire.read_sentinel(reader, nonce), deadline)
+                conn.run(
+                    wire.read_sentinel(reader, nonce, self._where("batched_put", kbs[0])), deadline
+                )
 
             self._call(f"batched_put of {len(kbs)} keys, first", kbs[0], op)
         finally:
@@ -496,7 +498,7 @@ class RedisStore(RemoteStore):
                 deadline,
                 replies,
             )
-            conn.run(wire.read_sentinel(reader, nonce), deadline)
+            conn.run(wire.read_sentinel(reader, nonce, self._where(action, first)), deadline)
 
         self._call(f"{action} of {len(commands)} commands, first", first, op)
         for reply in replies:

@@ -37,7 +37,12 @@ import itertools
 import zlib
 from collections.abc import Callable, Generator
 
-from kvpool.errors import CorruptEntryError, InvalidArgumentError, RemoteStoreError
+from kvpool.errors import (
+    CorruptEntryError,
+    InvalidArgumentError,
+    RemoteStoreError,
+    StoreConnectionError,
+)
 from kvpool.formats import MemoryFormat
 from kvpool.pool.interface import MemoryAllocatorInterface
 from kvpool.pool.objects import MemoryObj
@@ -144,10 +149,14 @@ def sentinel_command(nonce: bytes) -> bytes:
     return b"*2\r\n$4\r\nPING\r\n$%d\r\n%b\r\n" % (len(nonce), nonce)
 
 
-def read_sentinel(reader: Reader, nonce: bytes) -> Generator[Want, None, None]:
+def read_sentinel(
+    reader: Reader, nonce: bytes, where: str = "the call"
+) -> Generator[Want, None, None]:
     """Read the sentinel's echo.
 
     Raises:
+        StoreConnectionError: the server asks for credentials (``NOAUTH``...).
+        RemoteStoreError: the server refused ``PING``.
         ProtocolError: something else came: a reply was duplicated or lost.
     """
     line = yield from reader.line()
@@ -156,6 +165,8 @@ def read_sentinel(reader: Reader, nonce: bytes) -> Generator[Want, None, None]:
         yield from reader.crlf()
         if echo == nonce:
             return
+    elif line[:1] == b"-":
+        raise _refusal(ErrorReply(line[1:501].decode("utf-8", errors="replace")), where)
     raise ProtocolError(
         "the replies are out of step with the commands (the end-of-call marker did not come "
         f"where expected; got {line[:40]!r}); the connection was dropped"
@@ -193,7 +204,15 @@ def read_count(reader: Reader, what: str) -> Generator[Want, None, int | ErrorRe
     raise ProtocolError(f"unexpected reply {line[:40]!r} to {what} (expected a count)")
 
 
+#: Error codes that mean the connection is not allowed in (not a refusal of the command).
+_AUTH_CODES = ("NOAUTH", "WRONGPASS", "NOPERM")
+
+
 def _refusal(error: ErrorReply, where: str) -> RemoteStoreError:
+    if error.code in _AUTH_CODES:
+        return StoreConnectionError(
+            f"{where}: the server refused the connection's credentials: {error.text}"
+        )
     if error.code == "WRONGTYPE":
         return CorruptEntryError(
             f"{where}: the key holds a Redis value that is not a string - an entry in the hash "

@@ -163,14 +163,18 @@ class RedisServer:
         self.proc.wait(5)
 
 
-def start_redis(binary: str) -> RedisServer:
-    """Start a server on a free loopback port and wait until it answers PING."""
+def start_redis(binary: str, *extra: str) -> RedisServer:
+    """Start a server on a free loopback port and wait until it answers PING.
+
+    ``extra`` arguments go to the server (e.g. ``--requirepass``); with a
+    password set, an ``-NOAUTH`` answer to the probe counts as ready.
+    """
     last = ""
     for _ in range(5):
         port = _free_port()
         proc = subprocess.Popen(
             [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--daemonize", "no", "--loglevel", "warning"],
+             "--appendonly", "no", "--daemonize", "no", "--loglevel", "warning", *extra],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
         )  # fmt: skip
@@ -179,7 +183,7 @@ def start_redis(binary: str) -> RedisServer:
             try:
                 with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
                     s.sendall(b"PING\r\n")
-                    if s.recv(16).startswith(b"+PONG"):
+                    if s.recv(16).startswith((b"+PONG", b"-NOAUTH")):
                         return RedisServer(proc, port)
             except OSError:
                 time.sleep(0.02)

@@ -29,7 +29,16 @@ from kvpool.errors import (
 from kvpool.remote import RedisStore, open_store
 from kvpool.remote.header import encode_header, key_tag, layout_for
 
-from .conftest import KV_DTYPE, KV_FMT, KV_SHAPE, RedisServer, assert_clean, fill, need_redis
+from .conftest import (
+    KV_DTYPE,
+    KV_FMT,
+    KV_SHAPE,
+    RedisServer,
+    assert_clean,
+    fill,
+    need_redis,
+    start_redis,
+)
 
 KV_BYTES = KV_SHAPE.numel() * KV_DTYPE.itemsize
 
@@ -436,3 +445,121 @@ def test_kvpool_demo_against_a_real_server(redis_server) -> None:
     assert run.returncode == 0, run.stderr
     assert "verified: all 8 chunks" in run.stdout
     assert f"store: {redis_server.url}" in run.stdout
+
+
+# -- clients, pools, passwords, TTL --------------------------------------
+
+
+@pytest.mark.redis
+def test_existing_client_or_pool(
+    redis_server: RedisServer, pool: kvpool.TensorMemoryAllocator
+) -> None:
+    import redis
+
+    client = redis.Redis(host="127.0.0.1", port=redis_server.port, db=3)
+    for given in (
+        client,
+        client.connection_pool,
+        redis.ConnectionPool.from_url(f"redis://127.0.0.1:{redis_server.port}/3"),
+    ):
+        with RedisStore(given, prefix="given:") as store:
+            assert store.server == f"127.0.0.1:{redis_server.port}/3"
+            data = _put_one(store, pool)
+            got = store.get("k", pool)
+            assert got is not None and bytes(got.byte_array) == data
+            got.ref_count_down()
+            assert client.exists(b"given:k") == 1  # in db 3, where the client points
+            assert store.delete("k")
+    assert client.ping()  # the given client is not closed or disturbed
+    client.close()
+
+
+@pytest.mark.redis
+def test_asyncio_or_cluster_clients_are_refused(redis_server: RedisServer) -> None:
+    import redis
+    import redis.asyncio
+
+    with pytest.raises(InvalidArgumentError, match="AsyncRedisStore"):
+        RedisStore(redis.asyncio.Redis(port=redis_server.port))
+    with pytest.raises(InvalidArgumentError, match=r"redis\.Redis client"):
+        RedisStore(object())
+
+
+@pytest.mark.redis
+def test_password_protected_server(pool: kvpool.TensorMemoryAllocator) -> None:
+    secret = "s3cret-Passw0rd"
+    server = start_redis(need_redis(), "--requirepass", secret)
+    try:
+        with RedisStore(f"redis://:{secret}@127.0.0.1:{server.port}/0") as store:
+            data = _put_one(store, pool)
+            got = store.get("k", pool)
+            assert got is not None and bytes(got.byte_array) == data
+            got.ref_count_down()
+            assert secret not in repr(store)
+        for url in (
+            f"redis://127.0.0.1:{server.port}/0",
+            f"redis://:wrong-{secret}@127.0.0.1:{server.port}/0",
+        ):
+            with pytest.raises(StoreConnectionError) as info:
+                RedisStore(url)
+            assert secret not in str(info.value)
+    finally:
+        server.stop()
+
+
+def _pttl(server: RedisServer, key: bytes) -> int:
+    return int(_raw(server, b"PTTL", key)[1:-2])
+
+
+@pytest.mark.redis
+def test_ttl_per_put_and_per_store(
+    redis_server: RedisServer, pool: kvpool.TensorMemoryAllocator
+) -> None:
+    src = pool.allocate(KV_SHAPE, KV_DTYPE, KV_FMT)
+    fill(src, 1)
+    with RedisStore(redis_server.url, prefix="ttl:") as store:
+        store.put("forever", src)
+        assert _pttl(redis_server, b"ttl:forever") == -1
+        store.put("short", src, ttl=30)
+        assert 0 < _pttl(redis_server, b"ttl:short") <= 30_000
+        store.batched_put(["b1", "b2"], [src, src], ttl=2.5)
+        assert 0 < _pttl(redis_server, b"ttl:b2") <= 2_500
+        for bad in (0, -1, float("nan"), "1", True):
+            with pytest.raises(InvalidArgumentError, match="ttl"):
+                store.put("bad", src, ttl=bad)  # type: ignore[arg-type]
+        assert not store.exists("bad")
+    with RedisStore(redis_server.url, prefix="ttl:", ttl=60) as store:
+        store.put("default", src)
+        assert 0 < _pttl(redis_server, b"ttl:default") <= 60_000
+        store.put("override", src, ttl=5)
+        assert 0 < _pttl(redis_server, b"ttl:override") <= 5_000
+        store.put("gone", src, ttl=0.05)
+        deadline = time.monotonic() + 10
+        while store.exists("gone") and time.monotonic() < deadline:
+            time.sleep(0.01)  # polling the server with a deadline, not synchronisation
+        assert store.get("gone", pool) is None
+    with pytest.raises(InvalidArgumentError, match="ttl"):
+        RedisStore(redis_server.url, ttl=0)
+    src.ref_count_down()
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("window", [1, 3, 64])
+def test_batches_larger_than_the_window(
+    redis_server: RedisServer, pool: kvpool.TensorMemoryAllocator, window: int
+) -> None:
+    objs = pool.batched_allocate(KV_SHAPE, KV_DTYPE, 20, KV_FMT)
+    assert objs is not None
+    datas = [fill(o, i) for i, o in enumerate(objs)]
+    keys = [f"w{i}" for i in range(20)]
+    with RedisStore(redis_server.url, prefix=f"win{window}:", window=window) as store:
+        store.batched_put(keys, objs)
+        pool.batched_free(objs)
+        got = store.batched_get(keys, pool, KV_SHAPE, KV_DTYPE, KV_FMT)
+        assert [bytes(g.byte_array) for g in got] == datas  # type: ignore[union-attr]
+        pool.batched_free(got)  # type: ignore[arg-type]
+        many = [f"m{i}" for i in range(1000)]
+        assert store.batched_exists([*keys, *many]) == [True] * 20 + [False] * 1000
+        assert store.batched_delete([*keys, *many]) == 20
+    with pytest.raises(InvalidArgumentError, match="window"):
+        RedisStore(redis_server.url, window=0)
