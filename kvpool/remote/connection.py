@@ -11,8 +11,9 @@ cluster router keeps one :class:`NodePool` per node):
   wait is a ``poll`` bounded by the call's *deadline* (a
   ``time.monotonic()`` instant), so a server that trickles bytes cannot
   stretch a call past it: :class:`TimeoutError` is raised instead.
-* :func:`pipeline` keeps a bounded window of commands in flight on one
-  connection (send ``window`` commands, then one more per reply read).
+* :func:`pipelined` is a plan that keeps a bounded window of commands in
+  flight on one connection (send ``window`` commands, then one more per
+  reply read).
 * :class:`NodePool` hands out connections to one server.  A connection
   goes back to the pool only when its call ended cleanly, and before it
   is used again it is checked to hold no unread byte - neither in its
@@ -46,12 +47,12 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from kvpool.remote.resp import DEFAULT_LIMITS, Limits, Reader, ServerClosed, Steps
+from kvpool.remote.resp import DEFAULT_LIMITS, Limits, Reader, Send, ServerClosed, Steps
 
 __all__ = [
     "NodePool",
     "RedisConnection",
-    "pipeline",
+    "pipelined",
     "redis_py_connector",
 ]
 
@@ -218,7 +219,11 @@ class RedisConnection:
             got += n
 
     def run(self, steps: Steps, deadline: float) -> Any:
-        """Serve the reply parser ``steps`` until it returns; return its value.
+        """Serve the plan or reply parser ``steps`` until it returns; return its value.
+
+        ``steps`` yields what it needs (:mod:`kvpool.remote.resp`): bytes
+        into the reader's buffer, bytes straight into a view, or a
+        :class:`~kvpool.remote.resp.Send` of a command.
 
         On any error the parser is closed first (so a destination it
         allocated is freed by its own cleanup), then the error propagates;
@@ -233,8 +238,10 @@ class RedisConnection:
             while True:
                 if want is None:
                     self._fill(deadline)
+                elif want.__class__ is Send:
+                    self.send(want.parts, deadline)  # type: ignore[union-attr]
                 else:
-                    self._recv_exact(want, deadline)
+                    self._recv_exact(want, deadline)  # type: ignore[arg-type]
                 want = steps.send(None)
         except StopIteration as stop:
             return stop.value
@@ -282,28 +289,25 @@ class RedisConnection:
         return f"<RedisConnection {self.label}>"
 
 
-def pipeline(
-    conn: RedisConnection,
+def pipelined(
     count: int,
     parts_of: Callable[[int], Sequence[bytes | memoryview]],
     steps_of: Callable[[int], Steps],
     window: int,
-    deadline: float,
     results: list[Any],
-) -> list[Any]:
-    """Run ``count`` commands with at most ``window`` of them in flight.
+) -> Steps:
+    """A plan running ``count`` commands with at most ``window`` of them in flight.
 
     The first ``window`` commands go out in one send; then each reply read
     sends the next command, so the server always has work queued while
-    the client reads.
+    the client reads.  Serve it with :meth:`RedisConnection.run` (or the
+    asyncio driver); the connection must be dropped on any error.
 
     Args:
-        conn: the connection (dropped by the caller on any error).
         count: commands to run.
         parts_of: ``i -> parts`` of command ``i``.
         steps_of: ``i -> parser`` of reply ``i``.
         window: commands in flight, >= 1.
-        deadline: ``time.monotonic()`` instant the whole pipeline must end by.
         results: the list the replies are appended to, in order (given by
             the caller, so that on an error it still holds what was read,
             e.g. objects to free).
@@ -315,12 +319,13 @@ def pipeline(
     parts: list[bytes | memoryview] = []
     for i in range(first):
         parts.extend(parts_of(i))
-    conn.send(parts, deadline)
+    yield Send(parts)
     sent = first
+    append = results.append
     for i in range(count):
-        results.append(conn.run(steps_of(i), deadline))
+        append((yield from steps_of(i)))
         if sent < count:
-            conn.send(parts_of(sent), deadline)
+            yield Send(parts_of(sent))
             sent += 1
     return results
 

@@ -40,20 +40,11 @@ Nothing is retried; the next call opens a new connection.
 
 from __future__ import annotations
 
-import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 import torch
 
-import kvpool.remote.rediswire as wire
-from kvpool.errors import (
-    InvalidArgumentError,
-    KVPoolError,
-    RemoteStoreError,
-    StoreConnectionError,
-    StoreTimeoutError,
-)
 from kvpool.formats import MemoryFormat
 from kvpool.pool.interface import MemoryAllocatorInterface
 from kvpool.pool.objects import MemoryObj
@@ -62,55 +53,38 @@ from kvpool.remote.base import (
     RemoteStore,
     check_format,
     check_pairs,
-    describe,
     discard,
     hold,
     key_bytes,
     release,
     requested_layout,
 )
-from kvpool.remote.connection import NodePool, RedisConnection, now, pipeline, redis_py_connector
-from kvpool.remote.header import EntryInfo, encode_header, key_tag
-from kvpool.remote.redisconfig import Target, import_redis, resolve_target, scrub
-from kvpool.remote.resp import DEFAULT_LIMITS, ErrorReply, Limits, ProtocolError, ServerClosed
+from kvpool.remote.connection import NodePool, now
+from kvpool.remote.header import EntryInfo
+from kvpool.remote.rediscommon import (
+    DEFAULT_WINDOW,
+    DEL_KEYS,
+    SMALL_WINDOW,
+    Plan,
+    RedisCommon,
+    check_seconds,
+    check_window,
+)
+from kvpool.remote.resp import DEFAULT_LIMITS, Limits
 
-__all__ = ["DEFAULT_WINDOW", "SMALL_WINDOW", "RedisStore"]
+__all__ = [
+    "DEFAULT_WINDOW",
+    "DEL_KEYS",
+    "SMALL_WINDOW",
+    "RedisStore",
+    "check_seconds",
+    "check_window",
+]
 
 _T = TypeVar("_T")
 
-#: Values (``SET``/``GET``) in flight at once in the batched forms.
-DEFAULT_WINDOW = 4
-#: Small commands (``EXISTS``, ``DEL`` of up to :data:`DEL_KEYS` keys) in flight at once.
-SMALL_WINDOW = 64
-#: Keys per ``DEL`` command of ``batched_delete``.
-DEL_KEYS = 256
 
-
-def check_seconds(name: str, value: object, none_ok: bool = False) -> float | None:
-    """Validate a duration in seconds (> 0).
-
-    Raises:
-        InvalidArgumentError: not a positive number (or None when allowed).
-    """
-    if value is None and none_ok:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1e9:
-        raise InvalidArgumentError(f"{name} must be a number of seconds > 0, got {value!r}")
-    return float(value)
-
-
-def check_window(value: object) -> int:
-    """Validate a pipeline window (an int from 1 to 4096).
-
-    Raises:
-        InvalidArgumentError: anything else.
-    """
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 4096:
-        raise InvalidArgumentError(f"window must be an int from 1 to 4096, got {value!r}")
-    return value
-
-
-class RedisStore(RemoteStore):
+class RedisStore(RemoteStore, RedisCommon):
     """A store of entries in one Redis or Valkey server.
 
     Args:
@@ -137,7 +111,7 @@ class RedisStore(RemoteStore):
         FeatureUnavailableError: the ``redis`` client is not installed
             (``pip install 'kvpool[redis]'``).
         InvalidArgumentError: a malformed URL (shown without its secrets),
-            a cluster client, or a bad argument.
+            a cluster or asyncio client, or a bad argument.
         StoreConnectionError / StoreTimeoutError: ``ping`` failed.
 
     Thread safety: every call takes a connection of its own from the pool.
@@ -158,76 +132,27 @@ class RedisStore(RemoteStore):
         ping: bool = True,
     ) -> None:
         super().__init__(1)
-        self._redis = import_redis()
-        if isinstance(url, (bytes, int, float)) or url is None:
-            raise InvalidArgumentError(
-                f"url must be a str, a redis.Redis client or a ConnectionPool, got "
-                f"{type(url).__name__}"
-            )
-        self.timeout = check_seconds("timeout", timeout)  # type: ignore[assignment]
-        connect = check_seconds("connect_timeout", connect_timeout, none_ok=True)
-        self._connect_timeout = connect or self.timeout
-        if max_connections is not None and (
-            isinstance(max_connections, bool)
-            or not isinstance(max_connections, int)
-            or max_connections < 1
-        ):
-            raise InvalidArgumentError(
-                f"max_connections must be an int >= 1 or None, got {max_connections!r}"
-            )
-        self._px = wire.ttl_ms(ttl)
-        self.ttl = ttl
-        self._window = check_window(window)
-        if not isinstance(limits, Limits):
-            raise InvalidArgumentError(f"limits must be a resp.Limits, got {limits!r}")
-        self._prefix = key_bytes(prefix)
-        self._checksum = bool(checksum)
-        self._target: Target = self._resolve(url)
-        self.server = self._target.label
-        self._pool = NodePool(
-            redis_py_connector(
-                self._target.connection_class,
-                self._target.options,
-                self.server,
-                self._connect_timeout,
-                limits,
-            ),
-            self.server,
-            max_connections,
+        connect = self._configure(
+            url,
+            prefix=prefix,
+            checksum=checksum,
+            timeout=timeout,
+            connect_timeout=connect_timeout,
+            max_connections=max_connections,
+            ttl=ttl,
+            window=window,
+            limits=limits,
         )
+        self._pool = NodePool(connect, self.server, max_connections)
         if ping:
             self.ping()
 
-    def _resolve(self, url: Any) -> Target:
-        return resolve_target(url)
+    def _call(self, action: str, kb: bytes | None, plan: Plan) -> Any:
+        """Serve ``plan`` on a pooled connection within the timeout.
 
-    # -- plumbing ----------------------------------------------------
-
-    def _where(self, action: str, kb: bytes | None) -> str:
-        if kb is None:
-            return f"{action} on {self.server}"
-        return f"{action} {kb!r} on {self.server}"
-
-    def _map_error(self, exc: BaseException, where: str) -> BaseException:
-        """The kvpool error for a socket, protocol or client error (``exc`` itself if none)."""
-        if isinstance(exc, KVPoolError):
-            return exc
-        errors = self._redis.exceptions
-        text = scrub(str(exc), self._target.secrets)
-        if isinstance(exc, (TimeoutError, errors.TimeoutError)):
-            return StoreTimeoutError(f"{where}: no answer within {self.timeout} s ({text})")
-        if isinstance(exc, (ServerClosed, ConnectionError, errors.ConnectionError)):
-            return StoreConnectionError(f"{where}: connection failed or lost ({text})")
-        if isinstance(exc, OSError):
-            return StoreConnectionError(f"{where}: socket error ({text})")
-        if isinstance(exc, errors.RedisError):
-            return RemoteStoreError(f"{where}: {type(exc).__name__}: {text}")
-        return exc
-
-    def _call(
-        self, action: str, kb: bytes | None, op: Callable[[RedisConnection, float], _T]
-    ) -> _T:
-        """Run ``op(connection, deadline)`` within the timeout; drop the connection on any error."""
+        The connection goes back to the pool only when the plan ended
+        cleanly; on any error it is closed and the error mapped.
+        """
         deadline = now() + self.timeout
         try:
             conn = self._pool.acquire(deadline)
@@ -237,7 +162,7 @@ class RedisStore(RemoteStore):
                 raise
             raise mapped from None
         try:
-            result = op(conn, deadline)
+            result = conn.run(plan(conn.reader), deadline)
         except BaseException as exc:
             self._pool.discard(conn)
             mapped = self._map_error(exc, self._where(action, kb))
@@ -247,47 +172,17 @@ class RedisStore(RemoteStore):
         self._pool.release(conn)
         return result
 
-    def _simple(self, action: str, kb: bytes | None, cmd: bytes, what: str) -> int:
-        """Send one command answered by a count, with the end-of-call marker; return the count."""
-        nonce = wire.new_nonce()
-
-        def op(conn: RedisConnection, deadline: float) -> int | ErrorReply:
-            conn.send([cmd, wire.sentinel_command(nonce)], deadline)
-            n = conn.run(wire.read_count(conn.reader, what), deadline)
-            conn.run(wire.read_sentinel(conn.reader, nonce, self._where(action, kb)), deadline)
-            return n  # type: ignore[no-any-return]
-
-        n = self._call(action, kb, op)
-        if isinstance(n, ErrorReply):
-            raise RemoteStoreError(f"{self._where(action, kb)}: the server answered: {n.text}")
-        return n
-
     def ping(self) -> None:
         """Check that the server answers.
 
         Raises:
             StoreConnectionError / StoreTimeoutError: it does not.
-            RemoteStoreError: it answered something else than ``PONG``.
+            RemoteStoreError: it answered something else.
         """
         self._check_open()
-        nonce = wire.new_nonce()
-
-        def op(conn: RedisConnection, deadline: float) -> None:
-            conn.send([wire.sentinel_command(nonce)], deadline)
-            conn.run(wire.read_sentinel(conn.reader, nonce, self._where("ping", None)), deadline)
-
-        self._call("ping", None, op)
+        self._call("ping", None, self._ping_plan())
 
     # -- put ---------------------------------------------------------
-
-    def _set_parts(self, rkey: bytes, obj: MemoryObj, px: int | None) -> list[Any]:
-        layout, fmt, view = describe(obj)
-        crc = zlib.crc32(view) if self._checksum else None
-        header = encode_header(layout, fmt, view.nbytes, crc, key_tag(rkey))
-        return wire.set_parts(rkey, header, view, px)
-
-    def _px_for(self, ttl: float | None) -> int | None:
-        return self._px if ttl is None else wire.ttl_ms(ttl)
 
     def put(self, key: Key, memory_obj: MemoryObj, *, ttl: float | None = None) -> None:
         """Store ``memory_obj`` under ``key`` with one ``SET`` (see :meth:`RemoteStore.put`).
@@ -312,21 +207,10 @@ class RedisStore(RemoteStore):
         px = self._px_for(ttl)
         hold(memory_obj, "put")
         try:
-            parts = self._set_parts(self._prefix + kb, memory_obj, px)
-            nonce = wire.new_nonce()
-            parts.append(wire.sentinel_command(nonce))
-
-            def op(conn: RedisConnection, deadline: float) -> ErrorReply | None:
-                conn.send(parts, deadline)
-                refused = conn.run(wire.read_ok(conn.reader), deadline)
-                conn.run(wire.read_sentinel(conn.reader, nonce, self._where("put", kb)), deadline)
-                return refused  # type: ignore[no-any-return]
-
-            refused = self._call("put", kb, op)
+            replies = self._call("put", kb, self._put_plan((kb,), (memory_obj,), px))
         finally:
             release(memory_obj)
-        if refused is not None:
-            raise RemoteStoreError(f"{self._where('put', kb)}: the server answered: {refused.text}")
+        self._raise_refusals("put", (kb,), replies)
 
     def batched_put(
         self, keys: Sequence[Key], memory_objs: Sequence[MemoryObj], *, ttl: float | None = None
@@ -351,38 +235,12 @@ class RedisStore(RemoteStore):
             for obj in memory_objs:
                 hold(obj, "batched_put")
                 held.append(obj)
-            commands = [
-                self._set_parts(self._prefix + kb, obj, px)
-                for kb, obj in zip(kbs, memory_objs, strict=True)
-            ]
-            nonce = wire.new_nonce()
-            commands[-1].append(wire.sentinel_command(nonce))
-            replies: list[Any] = []
-
-            def op(conn: RedisConnection, deadline: float) -> None:
-                reader = conn.reader
-                pipeline(
-                    conn,
-                    len(commands),
-                    commands.__getitem__,
-                    lambda i: wire.read_ok(reader),
-                    self._window,
-                    deadline,
-                    replies,
-                )
-                conn.run(
-                    wire.read_sentinel(reader, nonce, self._where("batched_put", kbs[0])), deadline
-                )
-
-            self._call(f"batched_put of {len(kbs)} keys, first", kbs[0], op)
+            plan = self._put_plan(kbs, memory_objs, px)
+            replies = self._call(f"batched_put of {len(kbs)} keys, first", kbs[0], plan)
         finally:
             for obj in held:
                 release(obj)
-        for kb, refused in zip(kbs, replies, strict=True):
-            if refused is not None:
-                raise RemoteStoreError(
-                    f"{self._where('batched_put', kb)}: the server answered: {refused.text}"
-                )
+        self._raise_refusals("batched_put", kbs, replies)
 
     # -- get ---------------------------------------------------------
 
@@ -414,18 +272,7 @@ class RedisStore(RemoteStore):
         self._check_open()
         layout = requested_layout(shapes, dtypes)
         fmt = check_format(fmt)
-        rkey = self._prefix + kb
-        cmd = wire.get_command(rkey)
-        tag = key_tag(rkey)
-        where = self._where("get", kb)
-
-        def op(conn: RedisConnection, deadline: float) -> MemoryObj | None:
-            conn.send((cmd,), deadline)
-            return conn.run(  # type: ignore[no-any-return]
-                wire.read_entry(conn.reader, where, tag, allocator, layout, fmt), deadline
-            )
-
-        return self._call("get", kb, op)
+        return self._call("get", kb, self._get_plan(kb, allocator, layout, fmt))  # type: ignore[no-any-return]
 
     def batched_get(
         self,
@@ -449,24 +296,10 @@ class RedisStore(RemoteStore):
         fmt = check_format(fmt)
         if not kbs:
             return []
-        rkeys = [self._prefix + kb for kb in kbs]
-        commands = [(wire.get_command(rkey),) for rkey in rkeys]
-        server = self.server
         out: list[MemoryObj | None] = []
-
-        def op(conn: RedisConnection, deadline: float) -> list[MemoryObj | None]:
-            reader = conn.reader
-
-            def steps(i: int) -> Any:
-                where = f"batched_get {kbs[i]!r} on {server}"
-                return wire.read_entry(reader, where, key_tag(rkeys[i]), allocator, layout, fmt)
-
-            return pipeline(
-                conn, len(kbs), commands.__getitem__, steps, self._window, deadline, out
-            )
-
+        plan = self._batched_get_plan(kbs, allocator, layout, fmt, out)
         try:
-            return self._call(f"batched_get of {len(kbs)} keys, first", kbs[0], op)
+            return self._call(f"batched_get of {len(kbs)} keys, first", kbs[0], plan)  # type: ignore[no-any-return]
         except BaseException:
             for obj in out:
                 discard(obj)
@@ -474,39 +307,16 @@ class RedisStore(RemoteStore):
 
     # -- the rest ----------------------------------------------------
 
+    def _count(self, action: str, kbs: list[bytes], commands: list[bytes], what: str) -> list[int]:
+        plan = self._count_plan(action, commands, what, kbs[0])
+        label = action if len(kbs) == 1 else f"{action} of {len(kbs)} keys, first"
+        return self._counts(action, kbs[0], self._call(label, kbs[0], plan))
+
     def exists(self, key: Key) -> bool:
         """True when ``key`` exists in the server (see :meth:`RemoteStore.exists`)."""
         kb = key_bytes(key)
         self._check_open()
-        return bool(self._simple("exists", kb, wire.exists_command(self._prefix + kb), "EXISTS"))
-
-    def _counts(self, action: str, commands: list[bytes], what: str, first: bytes) -> list[int]:
-        """Pipeline ``commands`` (each answered by a count) and the end-of-call marker."""
-        nonce = wire.new_nonce()
-        parts = [(c,) for c in commands]
-        parts[-1] = (commands[-1], wire.sentinel_command(nonce))
-        replies: list[Any] = []
-
-        def op(conn: RedisConnection, deadline: float) -> None:
-            reader = conn.reader
-            pipeline(
-                conn,
-                len(parts),
-                parts.__getitem__,
-                lambda i: wire.read_count(reader, what),
-                SMALL_WINDOW,
-                deadline,
-                replies,
-            )
-            conn.run(wire.read_sentinel(reader, nonce, self._where(action, first)), deadline)
-
-        self._call(f"{action} of {len(commands)} commands, first", first, op)
-        for reply in replies:
-            if isinstance(reply, ErrorReply):
-                raise RemoteStoreError(
-                    f"{self._where(action, first)}: the server answered: {reply.text}"
-                )
-        return replies
+        return bool(self._count("exists", [kb], self._exists_commands([kb]), "EXISTS")[0])
 
     def batched_exists(self, keys: Sequence[Key]) -> list[bool]:
         """``exists`` for each key, pipelined in windows on one connection."""
@@ -514,15 +324,14 @@ class RedisStore(RemoteStore):
         self._check_open()
         if not kbs:
             return []
-        commands = [wire.exists_command(self._prefix + kb) for kb in kbs]
-        counts = self._counts("batched_exists", commands, "EXISTS", kbs[0])
+        counts = self._count("batched_exists", kbs, self._exists_commands(kbs), "EXISTS")
         return [bool(n) for n in counts]
 
     def delete(self, key: Key) -> bool:
         """Remove ``key`` from the server (see :meth:`RemoteStore.delete`)."""
         kb = key_bytes(key)
         self._check_open()
-        return bool(self._simple("delete", kb, wire.del_command(self._prefix + kb), "DEL"))
+        return bool(self._count("delete", [kb], self._delete_commands([kb]), "DEL")[0])
 
     def batched_delete(self, keys: Sequence[Key]) -> int:
         """Remove every key (one ``DEL`` per 256 keys, pipelined); returns how many existed."""
@@ -530,12 +339,7 @@ class RedisStore(RemoteStore):
         self._check_open()
         if not kbs:
             return 0
-        prefix = self._prefix
-        commands = [
-            wire.del_command(*(prefix + kb for kb in kbs[i : i + DEL_KEYS]))
-            for i in range(0, len(kbs), DEL_KEYS)
-        ]
-        return sum(self._counts("batched_delete", commands, "DEL", kbs[0]))
+        return sum(self._count("batched_delete", kbs, self._delete_commands(kbs), "DEL"))
 
     def head(self, key: Key) -> EntryInfo | None:
         """The stored header of ``key`` (see :meth:`RemoteStore.head`).
@@ -549,21 +353,7 @@ class RedisStore(RemoteStore):
         """
         kb = key_bytes(key)
         self._check_open()
-        rkey = self._prefix + kb
-        tag = key_tag(rkey)
-        where = self._where("head", kb)
-
-        def op(conn: RedisConnection, deadline: float) -> EntryInfo | None:
-            length = wire.HEAD_READ
-            for _ in range(2):
-                conn.send((wire.head_commands(rkey, length),), deadline)
-                info = conn.run(wire.read_head(conn.reader, where, tag), deadline)
-                if not isinstance(info, int):
-                    return info  # type: ignore[no-any-return]
-                length = info  # a header longer than the first read
-            raise ProtocolError(f"{where}: the header kept growing between two reads")
-
-        return self._call("head", kb, op)
+        return self._call("head", kb, self._head_plan(kb))  # type: ignore[no-any-return]
 
     def _close(self) -> None:
         self._pool.close()

@@ -8,6 +8,8 @@ request that the connection's driver serves (a thread's driver in
 
     FILL             receive some bytes into the reader's buffer
     a memoryview     receive exactly that many bytes straight into it
+    Send(parts)      send a command (a *plan* - a whole call: commands and
+                     their replies - is such a generator too)
 
 So one parser serves blocking and asyncio code alike, and a value's bytes
 can be received with ``recv_into`` straight into pool memory: only bytes
@@ -47,6 +49,7 @@ __all__ = [
     "Limits",
     "ProtocolError",
     "Reader",
+    "Send",
     "ServerClosed",
     "Want",
     "command",
@@ -63,8 +66,23 @@ FILL = None
 #: line beyond this stay in the kernel and go straight to the destination).
 FILL_BYTES = 8192
 
-#: What a reader generator yields: FILL, or a view to fill completely.
-Want = memoryview | None
+
+class Send:
+    """Yielded by a plan (a generator that also sends): write these parts, then go on.
+
+    Attributes:
+        parts: ``bytes`` and one-dimensional byte memoryviews, sent in order
+            without copying the views.
+    """
+
+    __slots__ = ("parts",)
+
+    def __init__(self, parts: Sequence[bytes | memoryview]) -> None:
+        self.parts = parts
+
+
+#: What a reader generator yields: FILL, a view to fill completely, or a Send.
+Want = memoryview | Send | None
 
 #: A reader generator returning ``T``.
 Steps = Generator[Want, None, Any]

@@ -13,6 +13,7 @@ import socket
 import sys
 import threading
 import time
+from typing import Any
 
 import pytest
 import torch
@@ -380,13 +381,16 @@ def test_missing_client(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 class _Conn:
-    """Records what RedisStore hands to ``send``, then fails like a lost connection."""
+    """Records the first command a RedisStore plan sends, then fails like a lost connection."""
+
+    reader = None
 
     def __init__(self) -> None:
         self.sent: list[object] = []
 
-    def send(self, parts: list[object], deadline: float) -> None:
-        self.sent = list(parts)
+    def run(self, plan: Any, deadline: float) -> None:
+        self.sent = list(plan.send(None).parts)
+        plan.close()
         raise ConnectionResetError("stop here")
 
 

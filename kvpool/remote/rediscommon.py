@@ -1,0 +1,341 @@
+"""What the blocking and the asyncio Redis stores share: options, plans, errors.
+
+:class:`RedisCommon` validates the stores' options, resolves where they
+connect, names calls in messages, maps low-level errors to kvpool's and
+builds every call as a *plan*: a generator that yields the commands to
+send and the bytes it needs (:mod:`kvpool.remote.resp`).  A plan is the
+whole call - commands, replies, checks - without any I/O, so
+:class:`~kvpool.remote.redisstore.RedisStore` serves it with a blocking
+connection and :class:`~kvpool.remote.aioredis.AsyncRedisStore` with an
+event loop, and both behave the same byte for byte.
+
+Each ``*_plan`` method returns ``reader -> plan`` (the plan needs the
+connection's reader); the stores run it with their ``_call``.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import kvpool.remote.rediswire as wire
+from kvpool.errors import (
+    InvalidArgumentError,
+    KVPoolError,
+    RemoteStoreError,
+    StoreConnectionError,
+    StoreTimeoutError,
+)
+from kvpool.formats import MemoryFormat
+from kvpool.pool.interface import MemoryAllocatorInterface
+from kvpool.pool.objects import MemoryObj
+from kvpool.remote.base import Key, describe, key_bytes
+from kvpool.remote.connection import pipelined, redis_py_connector
+from kvpool.remote.header import Layout, encode_header, key_tag
+from kvpool.remote.redisconfig import Target, import_redis, resolve_target, scrub
+from kvpool.remote.resp import (
+    ErrorReply,
+    Limits,
+    ProtocolError,
+    Reader,
+    Send,
+    ServerClosed,
+    Steps,
+)
+
+__all__ = [
+    "DEFAULT_WINDOW",
+    "DEL_KEYS",
+    "SMALL_WINDOW",
+    "Plan",
+    "RedisCommon",
+    "check_seconds",
+    "check_window",
+]
+
+#: Values (``SET``/``GET``) in flight at once in the batched forms.
+DEFAULT_WINDOW = 4
+#: Small commands (``EXISTS``, ``DEL`` of up to :data:`DEL_KEYS` keys) in flight at once.
+SMALL_WINDOW = 64
+#: Keys per ``DEL`` command of ``batched_delete``.
+DEL_KEYS = 256
+
+#: ``reader -> plan``: a call, ready to be served on a connection.
+Plan = Callable[[Reader], Steps]
+
+
+def check_seconds(name: str, value: object, none_ok: bool = False) -> float | None:
+    """Validate a duration in seconds (> 0).
+
+    Raises:
+        InvalidArgumentError: not a positive number (or None when allowed).
+    """
+    if value is None and none_ok:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1e9:
+        raise InvalidArgumentError(f"{name} must be a number of seconds > 0, got {value!r}")
+    return float(value)
+
+
+def check_window(value: object) -> int:
+    """Validate a pipeline window (an int from 1 to 4096).
+
+    Raises:
+        InvalidArgumentError: anything else.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 4096:
+        raise InvalidArgumentError(f"window must be an int from 1 to 4096, got {value!r}")
+    return value
+
+
+class RedisCommon:
+    """Options, plans and error mapping of a Redis-protocol store (a mixin).
+
+    Attributes:
+        server: the server as messages name it (``host:port/db``; no secret).
+        timeout: seconds one call may take in all.
+        ttl: seconds an entry lives after its ``put`` (None: forever).
+    """
+
+    server: str
+    timeout: float
+    ttl: float | None
+
+    def _configure(
+        self,
+        url: Any,
+        *,
+        prefix: Key,
+        checksum: bool,
+        timeout: float,
+        connect_timeout: float | None,
+        max_connections: int | None,
+        ttl: float | None,
+        window: int,
+        limits: Limits,
+        allow_asyncio: bool = False,
+    ) -> Callable[[float], Any]:
+        """Validate the options; return the ``deadline -> RedisConnection`` connector.
+
+        Raises:
+            FeatureUnavailableError: the ``redis`` client is missing.
+            InvalidArgumentError: a bad option or URL.
+        """
+        self._redis = import_redis()
+        if isinstance(url, (bytes, int, float)) or url is None:
+            raise InvalidArgumentError(
+                f"url must be a str, a redis.Redis client or a ConnectionPool, got "
+                f"{type(url).__name__}"
+            )
+        self.timeout = check_seconds("timeout", timeout)  # type: ignore[assignment]
+        connect = check_seconds("connect_timeout", connect_timeout, none_ok=True)
+        if max_connections is not None and (
+            isinstance(max_connections, bool)
+            or not isinstance(max_connections, int)
+            or max_connections < 1
+        ):
+            raise InvalidArgumentError(
+                f"max_connections must be an int >= 1 or None, got {max_connections!r}"
+            )
+        self._max_connections = max_connections
+        self._px = wire.ttl_ms(ttl)
+        self.ttl = ttl
+        self._window = check_window(window)
+        if not isinstance(limits, Limits):
+            raise InvalidArgumentError(f"limits must be a resp.Limits, got {limits!r}")
+        self._prefix = key_bytes(prefix)
+        self._checksum = bool(checksum)
+        self._target: Target = resolve_target(url, allow_asyncio=allow_asyncio)
+        self.server = self._target.label
+        return redis_py_connector(
+            self._target.connection_class,
+            self._target.options,
+            self.server,
+            connect or self.timeout,
+            limits,
+        )
+
+    # -- messages and errors ------------------------------------------
+
+    def _where(self, action: str, kb: bytes | None) -> str:
+        if kb is None:
+            return f"{action} on {self.server}"
+        return f"{action} {kb!r} on {self.server}"
+
+    def _map_error(self, exc: BaseException, where: str) -> BaseException:
+        """The kvpool error for a socket, protocol or client error (``exc`` itself if none)."""
+        if isinstance(exc, KVPoolError):
+            return exc
+        errors = self._redis.exceptions
+        text = scrub(str(exc), self._target.secrets)
+        if isinstance(exc, (TimeoutError, errors.TimeoutError)):
+            return StoreTimeoutError(f"{where}: no answer within {self.timeout} s ({text})")
+        if isinstance(exc, (ServerClosed, ConnectionError, errors.ConnectionError)):
+            return StoreConnectionError(f"{where}: connection failed or lost ({text})")
+        if isinstance(exc, OSError):
+            return StoreConnectionError(f"{where}: socket error ({text})")
+        if isinstance(exc, errors.RedisError):
+            return RemoteStoreError(f"{where}: {type(exc).__name__}: {text}")
+        return exc
+
+    def _refused(self, reply: ErrorReply, action: str, kb: bytes | None) -> RemoteStoreError:
+        return RemoteStoreError(f"{self._where(action, kb)}: the server answered: {reply.text}")
+
+    def _px_for(self, ttl: float | None) -> int | None:
+        return self._px if ttl is None else wire.ttl_ms(ttl)
+
+    # -- plans --------------------------------------------------------
+
+    def _ping_plan(self) -> Plan:
+        nonce = wire.new_nonce()
+        where = self._where("ping", None)
+
+        def plan(reader: Reader) -> Steps:
+            yield Send((wire.sentinel_command(nonce),))
+            yield from wire.read_sentinel(reader, nonce, where)
+
+        return plan
+
+    def _set_parts(self, kb: bytes, obj: MemoryObj, px: int | None) -> list[Any]:
+        """``SET`` of ``obj`` under ``kb`` (the caller holds a reference on ``obj``)."""
+        rkey = self._prefix + kb
+        layout, fmt, view = describe(obj)
+        crc = zlib.crc32(view) if self._checksum else None
+        header = encode_header(layout, fmt, view.nbytes, crc, key_tag(rkey))
+        return wire.set_parts(rkey, header, view, px)
+
+    def _put_plan(self, kbs: Sequence[bytes], objs: Sequence[MemoryObj], px: int | None) -> Plan:
+        """``SET`` of each object (windowed), then the end-of-call marker.
+
+        The plan returns the server's refusals, one per key (None: stored).
+        """
+        commands = [self._set_parts(kb, obj, px) for kb, obj in zip(kbs, objs, strict=True)]
+        nonce = wire.new_nonce()
+        commands[-1].append(wire.sentinel_command(nonce))
+        where = self._where("put" if len(kbs) == 1 else "batched_put", kbs[0])
+        window = self._window
+
+        def plan(reader: Reader) -> Steps:
+            replies: list[Any] = []
+            if len(commands) == 1:
+                yield Send(commands[0])
+                replies.append((yield from wire.read_ok(reader)))
+            else:
+                yield from pipelined(
+                    len(commands),
+                    commands.__getitem__,
+                    lambda i: wire.read_ok(reader),
+                    window,
+                    replies,
+                )
+            yield from wire.read_sentinel(reader, nonce, where)
+            return replies
+
+        return plan
+
+    def _raise_refusals(self, action: str, kbs: Sequence[bytes], replies: list[Any]) -> None:
+        for kb, refused in zip(kbs, replies, strict=True):
+            if refused is not None:
+                raise self._refused(refused, action, kb)
+
+    def _get_plan(
+        self,
+        kb: bytes,
+        allocator: MemoryAllocatorInterface,
+        layout: Layout | None,
+        fmt: MemoryFormat | None,
+    ) -> Plan:
+        """``GET``, read straight into a new object; the plan returns it (or None)."""
+        rkey = self._prefix + kb
+        cmd = (wire.get_command(rkey),)
+        tag = key_tag(rkey)
+        where = self._where("get", kb)
+
+        def plan(reader: Reader) -> Steps:
+            yield Send(cmd)
+            return (yield from wire.read_entry(reader, where, tag, allocator, layout, fmt))
+
+        return plan
+
+    def _batched_get_plan(
+        self,
+        kbs: Sequence[bytes],
+        allocator: MemoryAllocatorInterface,
+        layout: Layout | None,
+        fmt: MemoryFormat | None,
+        out: list[MemoryObj | None],
+    ) -> Plan:
+        """``GET`` of each key (windowed) into ``out`` (the caller frees it on error)."""
+        rkeys = [self._prefix + kb for kb in kbs]
+        commands = [(wire.get_command(rkey),) for rkey in rkeys]
+        server = self.server
+        window = self._window
+
+        def plan(reader: Reader) -> Steps:
+            def steps(i: int) -> Steps:
+                where = f"batched_get {kbs[i]!r} on {server}"
+                return wire.read_entry(reader, where, key_tag(rkeys[i]), allocator, layout, fmt)
+
+            return (yield from pipelined(len(commands), commands.__getitem__, steps, window, out))
+
+        return plan
+
+    def _count_plan(self, action: str, commands: list[bytes], what: str, first: bytes) -> Plan:
+        """Commands answered by counts (windowed), then the marker; the plan returns the counts."""
+        nonce = wire.new_nonce()
+        parts: list[tuple[bytes, ...]] = [(c,) for c in commands]
+        parts[-1] = (commands[-1], wire.sentinel_command(nonce))
+        where = self._where(action, first)
+
+        def plan(reader: Reader) -> Steps:
+            replies: list[Any] = []
+            if len(parts) == 1:
+                yield Send(parts[0])
+                replies.append((yield from wire.read_count(reader, what)))
+            else:
+                yield from pipelined(
+                    len(parts),
+                    parts.__getitem__,
+                    lambda i: wire.read_count(reader, what),
+                    SMALL_WINDOW,
+                    replies,
+                )
+            yield from wire.read_sentinel(reader, nonce, where)
+            return replies
+
+        return plan
+
+    def _counts(self, action: str, first: bytes, replies: list[Any]) -> list[int]:
+        for reply in replies:
+            if isinstance(reply, ErrorReply):
+                raise self._refused(reply, action, first)
+        return replies
+
+    def _exists_commands(self, kbs: Sequence[bytes]) -> list[bytes]:
+        return [wire.exists_command(self._prefix + kb) for kb in kbs]
+
+    def _delete_commands(self, kbs: Sequence[bytes]) -> list[bytes]:
+        prefix = self._prefix
+        return [
+            wire.del_command(*(prefix + kb for kb in kbs[i : i + DEL_KEYS]))
+            for i in range(0, len(kbs), DEL_KEYS)
+        ]
+
+    def _head_plan(self, kb: bytes) -> Plan:
+        """``EXISTS``/``STRLEN``/``GETRANGE``; the plan returns the header (or None)."""
+        rkey = self._prefix + kb
+        tag = key_tag(rkey)
+        where = self._where("head", kb)
+
+        def plan(reader: Reader) -> Steps:
+            length = wire.HEAD_READ
+            for _ in range(2):
+                yield Send((wire.head_commands(rkey, length),))
+                info = yield from wire.read_head(reader, where, tag)
+                if not isinstance(info, int):
+                    return info
+                length = info  # a header longer than the first read
+            raise ProtocolError(f"{where}: the header kept growing between two reads")
+
+        return plan
