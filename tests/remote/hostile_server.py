@@ -23,7 +23,7 @@ import contextlib
 import socket
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["CLOSE", "HostileServer", "Trickle", "bounded", "bulk", "encode"]
@@ -31,11 +31,17 @@ __all__ = ["CLOSE", "HostileServer", "Trickle", "bounded", "bulk", "encode"]
 
 @dataclass
 class Trickle:
-    """Send ``data`` one byte every ``interval`` seconds, for at most ``max_seconds``."""
+    """Send ``prefix`` at once, then ``data`` one byte every ``interval`` seconds.
+
+    The server gives up (closes) after ``max_seconds``; ``sent`` is set
+    once the prefix is out.
+    """
 
     data: bytes
     interval: float = 0.25
     max_seconds: float = 4.0
+    prefix: bytes = b""
+    sent: threading.Event = field(default_factory=threading.Event)
 
 
 #: A rule's answer: close the connection without replying.
@@ -208,6 +214,9 @@ class HostileServer:
             client.close()
             return False
         if isinstance(out, Trickle):
+            if out.prefix:
+                client.sendall(out.prefix)
+            out.sent.set()
             waited = 0.0
             for i in range(len(out.data)):
                 if self._stop.wait(out.interval) or waited >= out.max_seconds:
