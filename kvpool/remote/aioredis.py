@@ -348,7 +348,7 @@ class AsyncRedisStore(AsyncRemoteStore, RedisCommon):
         connect_timeout: float | None = None,
         max_connections: int | None = None,
         ttl: float | None = None,
-        window: int = DEFAULT_WINDOW,
+        window: int | None = DEFAULT_WINDOW,
         limits: Limits = DEFAULT_LIMITS,
     ) -> None:
         connect = self._configure(

@@ -47,6 +47,8 @@ from kvpool.remote.resp import (
 __all__ = [
     "DEFAULT_WINDOW",
     "DEL_KEYS",
+    "MAX_WINDOW",
+    "WINDOW_BYTES",
     "SMALL_WINDOW",
     "Plan",
     "RedisCommon",
@@ -54,8 +56,18 @@ __all__ = [
     "check_window",
 ]
 
-#: Values (``SET``/``GET``) in flight at once in the batched forms.
-DEFAULT_WINDOW = 4
+#: The batched forms keep about this many bytes of values in flight: the
+#: window of ``SET``/``GET`` commands is ``WINDOW_BYTES // entry size``
+#: (1 for 512 KiB entries, 64 for 8 KiB ones, at most :data:`MAX_WINDOW`).
+#: Measured on loopback (``kvpool bench --only remote_put_get``): deeper
+#: pipelines of large values run slower than a loop of single calls (the
+#: values in flight no longer fit in the caches), small values gain from
+#: deep ones.
+WINDOW_BYTES = 512 << 10
+#: Most ``SET``/``GET`` commands in flight at once.
+MAX_WINDOW = 256
+#: The ``window`` argument that picks the window from :data:`WINDOW_BYTES`.
+DEFAULT_WINDOW = None
 #: Small commands (``EXISTS``, ``DEL`` of up to :data:`DEL_KEYS` keys) in flight at once.
 SMALL_WINDOW = 64
 #: Keys per ``DEL`` command of ``batched_delete``.
@@ -78,14 +90,18 @@ def check_seconds(name: str, value: object, none_ok: bool = False) -> float | No
     return float(value)
 
 
-def check_window(value: object) -> int:
-    """Validate a pipeline window (an int from 1 to 4096).
+def check_window(value: object) -> int | None:
+    """Validate a pipeline window (an int from 1 to 4096, or None: by bytes in flight).
 
     Raises:
         InvalidArgumentError: anything else.
     """
+    if value is None:
+        return None
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 4096:
-        raise InvalidArgumentError(f"window must be an int from 1 to 4096, got {value!r}")
+        raise InvalidArgumentError(
+            f"window must be an int from 1 to 4096 or None (by size), got {value!r}"
+        )
     return value
 
 
@@ -112,7 +128,7 @@ class RedisCommon:
         connect_timeout: float | None,
         max_connections: int | None,
         ttl: float | None,
-        window: int,
+        window: int | None,
         limits: Limits,
         allow_asyncio: bool = False,
     ) -> Callable[[float], Any]:
@@ -185,6 +201,12 @@ class RedisCommon:
     def _px_for(self, ttl: float | None) -> int | None:
         return self._px if ttl is None else wire.ttl_ms(ttl)
 
+    def _window_for(self, entry_bytes: int) -> int:
+        """Values in flight for entries of ``entry_bytes`` (the store's ``window`` if set)."""
+        if self._window is not None:
+            return self._window
+        return max(1, min(MAX_WINDOW, WINDOW_BYTES // max(1, entry_bytes)))
+
     # -- plans --------------------------------------------------------
 
     def _ping_plan(self) -> Plan:
@@ -212,9 +234,9 @@ class RedisCommon:
         """
         commands = [self._set_parts(kb, obj, px) for kb, obj in zip(kbs, objs, strict=True)]
         nonce = wire.new_nonce()
-        commands[-1].append(wire.sentinel_command(nonce))
         where = self._where("put" if len(kbs) == 1 else "batched_put", kbs[0])
-        window = self._window
+        window = self._window_for(sum(c[1].nbytes for c in commands) // len(commands))
+        commands[-1].append(wire.sentinel_command(nonce))
 
         def plan(reader: Reader) -> Steps:
             replies: list[Any] = []
@@ -270,14 +292,35 @@ class RedisCommon:
         rkeys = [self._prefix + kb for kb in kbs]
         commands = [(wire.get_command(rkey),) for rkey in rkeys]
         server = self.server
-        window = self._window
+        count = len(commands)
+        window_for = self._window_for
 
         def plan(reader: Reader) -> Steps:
             def steps(i: int) -> Steps:
                 where = f"batched_get {kbs[i]!r} on {server}"
                 return wire.read_entry(reader, where, key_tag(rkeys[i]), allocator, layout, fmt)
 
-            return (yield from pipelined(len(commands), commands.__getitem__, steps, window, out))
+            done = 0
+            if layout is not None:
+                window = window_for(layout.nbytes)
+            else:  # the stored size decides: read entries alone until one exists
+                window = 0
+                while not window and done < count:
+                    yield Send(commands[done])
+                    obj = yield from steps(done)
+                    out.append(obj)
+                    done += 1
+                    if obj is not None:
+                        window = window_for(obj.get_size())
+            if done < count:
+                yield from pipelined(
+                    count - done,
+                    lambda i: commands[done + i],
+                    lambda i: steps(done + i),
+                    window or 1,
+                    out,
+                )
+            return out
 
         return plan
 

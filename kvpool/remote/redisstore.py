@@ -17,10 +17,11 @@ How the bytes move:
   into it (only bytes that arrived together with the header, at most
   8 KiB, pass through a small buffer).  One copy, the kernel's.
 * The batched forms keep a bounded *window* of commands in flight on one
-  connection (``window``, default :data:`DEFAULT_WINDOW` for values and
-  :data:`SMALL_WINDOW` for ``EXISTS``/``DEL``), chosen by measurement
-  (``kvpool bench --only remote_put_get``): deeper pipelines of 512 KiB
-  values were slower, not faster.
+  connection: about :data:`~kvpool.remote.rediscommon.WINDOW_BYTES` of
+  values (one 512 KiB entry, 64 entries of 8 KiB; or ``window`` commands
+  when given) and :data:`SMALL_WINDOW` ``EXISTS``/``DEL`` commands, chosen
+  by measurement (``kvpool bench --only remote_put_get``): deeper
+  pipelines of large values run slower than a loop of single calls.
 
 Hostile servers: every call has a deadline (``timeout`` bounds the whole
 call, connecting included, however slowly the bytes arrive); every length
@@ -64,7 +65,9 @@ from kvpool.remote.header import EntryInfo
 from kvpool.remote.rediscommon import (
     DEFAULT_WINDOW,
     DEL_KEYS,
+    MAX_WINDOW,
     SMALL_WINDOW,
+    WINDOW_BYTES,
     Plan,
     RedisCommon,
     check_seconds,
@@ -75,7 +78,9 @@ from kvpool.remote.resp import DEFAULT_LIMITS, Limits
 __all__ = [
     "DEFAULT_WINDOW",
     "DEL_KEYS",
+    "MAX_WINDOW",
     "SMALL_WINDOW",
+    "WINDOW_BYTES",
     "RedisStore",
     "check_seconds",
     "check_window",
@@ -103,7 +108,8 @@ class RedisStore(RemoteStore, RedisCommon):
             waits for a free one until its deadline.
         ttl: seconds every entry lives after its ``put`` (None: forever);
             ``put(..., ttl=)`` overrides it per call.
-        window: values in flight at once in the batched forms.
+        window: ``SET``/``GET`` commands in flight at once in the batched
+            forms (None: about 512 KiB of values, see ``WINDOW_BYTES``).
         limits: bounds on replies (see :class:`~kvpool.remote.resp.Limits`).
         ping: send ``PING`` now, so an unreachable server fails here.
 
@@ -127,7 +133,7 @@ class RedisStore(RemoteStore, RedisCommon):
         connect_timeout: float | None = None,
         max_connections: int | None = None,
         ttl: float | None = None,
-        window: int = DEFAULT_WINDOW,
+        window: int | None = DEFAULT_WINDOW,
         limits: Limits = DEFAULT_LIMITS,
         ping: bool = True,
     ) -> None:

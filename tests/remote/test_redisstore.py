@@ -548,7 +548,7 @@ def test_ttl_per_put_and_per_store(
 
 
 @pytest.mark.redis
-@pytest.mark.parametrize("window", [1, 3, 64])
+@pytest.mark.parametrize("window", [None, 1, 3, 64])
 def test_batches_larger_than_the_window(
     redis_server: RedisServer, pool: kvpool.TensorMemoryAllocator, window: int
 ) -> None:
@@ -562,6 +562,11 @@ def test_batches_larger_than_the_window(
         got = store.batched_get(keys, pool, KV_SHAPE, KV_DTYPE, KV_FMT)
         assert [bytes(g.byte_array) for g in got] == datas  # type: ignore[union-attr]
         pool.batched_free(got)  # type: ignore[arg-type]
+        # The stored layout: the window follows the first entry found.
+        got = store.batched_get(["none1", "none2", *keys, "none3"], pool)
+        assert got[:2] == [None, None] and got[-1] is None
+        assert [bytes(g.byte_array) for g in got[2:-1]] == datas  # type: ignore[union-attr]
+        pool.batched_free(got[2:-1])  # type: ignore[arg-type]
         many = [f"m{i}" for i in range(1000)]
         assert store.batched_exists([*keys, *many]) == [True] * 20 + [False] * 1000
         assert store.batched_delete([*keys, *many]) == 20
