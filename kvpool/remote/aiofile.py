@@ -1,23 +1,33 @@
-"""AsyncFileStore: FileStore for asyncio code, its calls run in a few threads.
+"""AsyncFileStore: FileStore for asyncio code, run on the loop (tmpfs) or in a few threads.
 
 Files have no readiness an event loop could wait for (a read of a regular
 file never returns "try again"), so each call of the underlying
-:class:`~kvpool.remote.filestore.FileStore` runs in a small thread pool
-(:func:`~kvpool.remote.aiobase.offload`): the same zero-copy ``writev``
-and one-copy ``preadv`` as the blocking store, off the loop.  The cost of
-the hop (submitting to a thread and waking the loop) is measured by
-``kvpool bench --only remote_put_get`` (``async file get`` next to the
-blocking get).
+:class:`~kvpool.remote.filestore.FileStore` either
 
-Cancellation: the call still finishes in its thread (a file operation
+* runs *on the loop* (``threads=0``, the default for a directory on
+  tmpfs such as /dev/shm): a call there is a memory copy that never waits
+  for a device, as short as the ``recv_into`` AsyncRedisStore runs on the
+  loop; or
+* runs in a small thread pool (``threads=N``, the default elsewhere,
+  where a disk may stall the loop), through
+  :func:`~kvpool.remote.aiobase.offload`.
+
+Both keep the blocking store's zero-copy ``writev`` and one-copy
+``preadv``.  The cost of the thread hop is measured by ``kvpool bench
+--only remote_put_get`` (``async file get``, on the loop, next to the
+blocking get; the hop measured on /dev/shm: see ``bench/README.md``).
+
+Cancellation: a call on the loop has no await inside, so it completes or
+never starts.  A call in a thread still finishes there (a file operation
 cannot be interrupted halfway without leaving a torn state), and an
-object a cancelled ``get`` allocated is freed there when it does.
+object a cancelled ``get`` allocated is freed in that thread when it does.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -32,7 +42,21 @@ from kvpool.remote.base import Key, discard
 from kvpool.remote.filestore import FileStore
 from kvpool.remote.header import EntryInfo
 
-__all__ = ["AsyncFileStore"]
+__all__ = ["AsyncFileStore", "on_tmpfs"]
+
+_TMPFS_MAGIC = 0x01021994
+
+
+def on_tmpfs(path: str) -> bool:
+    """True when ``path`` is on tmpfs (``statfs`` type), False when not or unknown."""
+    try:
+        statfs = ctypes.CDLL(None, use_errno=True).statfs
+    except (OSError, AttributeError):
+        return False
+    buf = ctypes.create_string_buffer(256)  # struct statfs; f_type is its first word
+    if statfs(os.fsencode(path), buf) != 0:
+        return False
+    return ctypes.c_long.from_buffer(buf).value == _TMPFS_MAGIC
 
 
 def _discard_all(objs: list[MemoryObj | None]) -> None:
@@ -41,11 +65,13 @@ def _discard_all(objs: list[MemoryObj | None]) -> None:
 
 
 class AsyncFileStore(AsyncRemoteStore):
-    """A :class:`FileStore` whose calls are awaited (run in ``threads`` threads).
+    """A :class:`FileStore` whose calls are awaited.
 
     Args:
         directory: as for ``FileStore``.
-        threads: threads running the calls (calls beyond that wait their turn).
+        threads: threads running the calls (calls beyond that wait their
+            turn); 0 runs them on the event loop; None (default): 0 on
+            tmpfs, 4 elsewhere.
         **options: the other ``FileStore`` options (``checksum``,
             ``durable``, ``reuse_files``, ``cleanup_temp_age_s``).
 
@@ -57,11 +83,26 @@ class AsyncFileStore(AsyncRemoteStore):
     """
 
     def __init__(
-        self, directory: str | os.PathLike[str], *, threads: int = 4, **options: Any
+        self, directory: str | os.PathLike[str], *, threads: int | None = None, **options: Any
     ) -> None:
-        check_int("threads", threads, low=1, high=256)
+        if threads is not None:
+            check_int("threads", threads, low=0, high=256)
         self.store = FileStore(directory, io_threads=1, **options)
-        self._threads = ThreadPoolExecutor(threads, thread_name_prefix="kvpool-AsyncFileStore")
+        if threads is None:
+            threads = 0 if on_tmpfs(self.store.directory) else 4
+        self.threads = threads
+        self._threads = (
+            ThreadPoolExecutor(threads, thread_name_prefix="kvpool-AsyncFileStore")
+            if threads
+            else None
+        )
+
+    async def _run(
+        self, fn: Callable[..., Any], *args: Any, on_orphan: Callable[[Any], None] | None = None
+    ) -> Any:
+        if self._threads is None:
+            return fn(*args)
+        return await offload(self._threads, fn, *args, on_orphan=on_orphan)
 
     @property
     def directory(self) -> str:
@@ -71,7 +112,7 @@ class AsyncFileStore(AsyncRemoteStore):
     async def put(self, key: Key, memory_obj: MemoryObj) -> None:
         """Store ``memory_obj`` under ``key`` (see :meth:`FileStore.put`)."""
         self._check_open()
-        await offload(self._threads, self.store.put, key, memory_obj)
+        await self._run(self.store.put, key, memory_obj)
 
     async def get(
         self,
@@ -83,29 +124,29 @@ class AsyncFileStore(AsyncRemoteStore):
     ) -> MemoryObj | None:
         """Read ``key`` into a new object (see :meth:`FileStore.get`)."""
         self._check_open()
-        return await offload(
-            self._threads, self.store.get, key, allocator, shapes, dtypes, fmt, on_orphan=discard
+        return await self._run(
+            self.store.get, key, allocator, shapes, dtypes, fmt, on_orphan=discard
         )
 
     async def exists(self, key: Key) -> bool:
         """True when ``key`` is stored."""
         self._check_open()
-        return await offload(self._threads, self.store.exists, key)
+        return await self._run(self.store.exists, key)
 
     async def delete(self, key: Key) -> bool:
         """Remove ``key``."""
         self._check_open()
-        return await offload(self._threads, self.store.delete, key)
+        return await self._run(self.store.delete, key)
 
     async def head(self, key: Key) -> EntryInfo | None:
         """The stored header of ``key``."""
         self._check_open()
-        return await offload(self._threads, self.store.head, key)
+        return await self._run(self.store.head, key)
 
     async def batched_put(self, keys: Sequence[Key], memory_objs: Sequence[MemoryObj]) -> None:
         """``put`` of each pair, in one thread hop (see :meth:`FileStore.batched_put`)."""
         self._check_open()
-        await offload(self._threads, self.store.batched_put, keys, memory_objs)
+        await self._run(self.store.batched_put, keys, memory_objs)
 
     async def batched_get(
         self,
@@ -117,8 +158,7 @@ class AsyncFileStore(AsyncRemoteStore):
     ) -> list[MemoryObj | None]:
         """``get`` of each key, in one thread hop (see :meth:`FileStore.batched_get`)."""
         self._check_open()
-        return await offload(
-            self._threads,
+        return await self._run(
             self.store.batched_get,
             keys,
             allocator,
@@ -131,15 +171,16 @@ class AsyncFileStore(AsyncRemoteStore):
     async def batched_exists(self, keys: Sequence[Key]) -> list[bool]:
         """``exists`` of each key."""
         self._check_open()
-        return await offload(self._threads, self.store.batched_exists, keys)
+        return await self._run(self.store.batched_exists, keys)
 
     async def batched_delete(self, keys: Sequence[Key]) -> int:
         """``delete`` of each key; how many existed."""
         self._check_open()
-        return await offload(self._threads, self.store.batched_delete, keys)
+        return await self._run(self.store.batched_delete, keys)
 
     def _close(self) -> None:
-        self._threads.shutdown(wait=False)
+        if self._threads is not None:
+            self._threads.shutdown(wait=False)
         self.store.close()
 
     async def aclose(self) -> None:
@@ -147,11 +188,12 @@ class AsyncFileStore(AsyncRemoteStore):
         if self._closed:
             return
         self._closed = True
-        threads = ThreadPoolExecutor(1)
-        try:
-            await offload(threads, self._threads.shutdown, True)
-        finally:
-            threads.shutdown(wait=False)
+        if self._threads is not None:
+            waiter = ThreadPoolExecutor(1)
+            try:
+                await offload(waiter, self._threads.shutdown, True)
+            finally:
+                waiter.shutdown(wait=False)
         self.store.close()
 
     def __repr__(self) -> str:

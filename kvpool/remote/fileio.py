@@ -23,6 +23,7 @@ __all__ = [
     "READ_FLAGS",
     "SPARE_FLAGS",
     "WRITE_FLAGS",
+    "current_pid",
     "exchange",
     "pid_alive",
     "renameat2",
@@ -86,6 +87,27 @@ def exchange(a: str, b: str) -> bool:
     raise OSError(err, os.strerror(err))
 
 
+def _fork_state() -> list[int]:
+    state = [os.getpid(), os.geteuid()]
+
+    def child() -> None:
+        state[0] = os.getpid()
+
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=child)
+    return state
+
+
+# This process's pid (kept right across fork) and effective uid, read
+# without a system call on every put and get.
+_STATE = _fork_state()
+
+
+def current_pid() -> int:
+    """``os.getpid()``, without the system call (updated in forked children)."""
+    return _STATE[0]
+
+
 def unsafe_file(st: os.stat_result) -> str | None:
     """Why a file (by its ``fstat``) must not be used as an entry, or None when it may.
 
@@ -94,6 +116,8 @@ def unsafe_file(st: os.stat_result) -> str | None:
     or mislead), not a hard link (which could be a file outside the
     store), not another user's file.
     """
+    if st.st_nlink == 1 and st.st_uid == _STATE[1] and stat.S_ISREG(st.st_mode):
+        return None
     if not stat.S_ISREG(st.st_mode):
         kind = (
             "a FIFO"
@@ -105,7 +129,7 @@ def unsafe_file(st: os.stat_result) -> str | None:
         return f"is {kind}, not a regular file"
     if st.st_nlink != 1:
         return f"has {st.st_nlink} hard links (it may be a file outside the store)"
-    if st.st_uid != os.geteuid():
+    if st.st_uid != _STATE[1]:
         return f"is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})"
     return None
 

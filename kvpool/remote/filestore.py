@@ -99,6 +99,7 @@ from kvpool.remote.fileio import (
     READ_FLAGS,
     SPARE_FLAGS,
     WRITE_FLAGS,
+    current_pid,
     pid_alive,
     renameat2,
     unsafe_file,
@@ -193,7 +194,7 @@ class FileStore(RemoteStore):
         # Spare files: replaced entries kept to be overwritten by later puts.
         self._reuse = bool(reuse_files) and not self._durable and renameat2 is not None
         self._spares: list[str] = []
-        self._spares_pid = os.getpid()
+        self._spares_pid = current_pid()
         self._spares_lock = threading.Lock()
         self._max_spares = io_threads + 1
         if cleanup_temp_age_s is not None:
@@ -257,7 +258,7 @@ class FileStore(RemoteStore):
             spare = self._take_spare()
             if spare is not None and self._overwrite_spare(spare, path, header, view, kb):
                 return
-        tmp = f"{self._prefix}{_TMP}{os.getpid()}-{next(self._seq)}"
+        tmp = f"{self._prefix}{_TMP}{current_pid()}-{next(self._seq)}"
         try:
             fd = os.open(tmp, WRITE_FLAGS, 0o644)
         except OSError as exc:
@@ -307,14 +308,16 @@ class FileStore(RemoteStore):
             return False
         keep = False
         try:
-            if unsafe_file(os.fstat(fd)) is not None:
+            st = os.fstat(fd)
+            if unsafe_file(st) is not None:
                 return False  # not ours to write: the name is unlinked below
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 return False  # a reader is still on it
             total = write_all(fd, header, view, at=0)
-            os.ftruncate(fd, total)
+            if st.st_size != total:
+                os.ftruncate(fd, total)
             if _exchange(spare, path):
                 keep = True  # the spare now names the entry this put replaced
             else:
@@ -334,15 +337,15 @@ class FileStore(RemoteStore):
 
     def _take_spare(self) -> str | None:
         with self._spares_lock:
-            if self._spares_pid != os.getpid():  # forked: those are the parent's
+            if self._spares_pid != current_pid():  # forked: those are the parent's
                 self._spares = []
-                self._spares_pid = os.getpid()
+                self._spares_pid = current_pid()
             return self._spares.pop() if self._spares else None
 
     def _give_spare(self, name: str) -> None:
         with self._spares_lock:
             if (
-                self._spares_pid == os.getpid()
+                self._spares_pid == current_pid()
                 and len(self._spares) < self._max_spares
                 and not self._closed
             ):
@@ -354,7 +357,7 @@ class FileStore(RemoteStore):
     def _close(self) -> None:
         with self._spares_lock:
             spares, self._spares = self._spares, []
-            mine = self._spares_pid == os.getpid()
+            mine = self._spares_pid == current_pid()
         for name in spares if mine else ():
             with contextlib.suppress(OSError):
                 os.unlink(name)
@@ -616,7 +619,7 @@ class FileStore(RemoteStore):
             The number of files removed.
         """
         now = time.time()
-        me = os.getpid()
+        me = current_pid()
         removed = 0
         try:
             entries = list(os.scandir(self.directory))

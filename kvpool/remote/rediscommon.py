@@ -228,29 +228,29 @@ class RedisCommon:
         return wire.set_parts(rkey, header, view, px)
 
     def _put_plan(self, kbs: Sequence[bytes], objs: Sequence[MemoryObj], px: int | None) -> Plan:
-        """``SET`` of each object (windowed), then the end-of-call marker.
+        """``SET`` of each object (windowed; several end with the end-of-call marker).
 
         The plan returns the server's refusals, one per key (None: stored).
         """
         commands = [self._set_parts(kb, obj, px) for kb, obj in zip(kbs, objs, strict=True)]
+        if len(commands) == 1:
+            command = commands[0]
+
+            def single(reader: Reader) -> Steps:
+                yield Send(command)
+                return [(yield from wire.read_ok(reader))]
+
+            return single
         nonce = wire.new_nonce()
-        where = self._where("put" if len(kbs) == 1 else "batched_put", kbs[0])
+        where = self._where("batched_put", kbs[0])
         window = self._window_for(sum(c[1].nbytes for c in commands) // len(commands))
         commands[-1].append(wire.sentinel_command(nonce))
 
         def plan(reader: Reader) -> Steps:
             replies: list[Any] = []
-            if len(commands) == 1:
-                yield Send(commands[0])
-                replies.append((yield from wire.read_ok(reader)))
-            else:
-                yield from pipelined(
-                    len(commands),
-                    commands.__getitem__,
-                    lambda i: wire.read_ok(reader),
-                    window,
-                    replies,
-                )
+            yield from pipelined(
+                len(commands), commands.__getitem__, lambda i: wire.read_ok(reader), window, replies
+            )
             yield from wire.read_sentinel(reader, nonce, where)
             return replies
 
@@ -325,7 +325,18 @@ class RedisCommon:
         return plan
 
     def _count_plan(self, action: str, commands: list[bytes], what: str, first: bytes) -> Plan:
-        """Commands answered by counts (windowed), then the marker; the plan returns the counts."""
+        """Commands answered by counts (windowed; several end with the marker).
+
+        The plan returns the counts (or refusals), one per command.
+        """
+        if len(commands) == 1:
+            command = (commands[0],)
+
+            def single(reader: Reader) -> Steps:
+                yield Send(command)
+                return [(yield from wire.read_count(reader, what))]
+
+            return single
         nonce = wire.new_nonce()
         parts: list[tuple[bytes, ...]] = [(c,) for c in commands]
         parts[-1] = (commands[-1], wire.sentinel_command(nonce))
@@ -333,17 +344,13 @@ class RedisCommon:
 
         def plan(reader: Reader) -> Steps:
             replies: list[Any] = []
-            if len(parts) == 1:
-                yield Send(parts[0])
-                replies.append((yield from wire.read_count(reader, what)))
-            else:
-                yield from pipelined(
-                    len(parts),
-                    parts.__getitem__,
-                    lambda i: wire.read_count(reader, what),
-                    SMALL_WINDOW,
-                    replies,
-                )
+            yield from pipelined(
+                len(parts),
+                parts.__getitem__,
+                lambda i: wire.read_count(reader, what),
+                SMALL_WINDOW,
+                replies,
+            )
             yield from wire.read_sentinel(reader, nonce, where)
             return replies
 

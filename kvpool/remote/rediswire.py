@@ -25,10 +25,15 @@ of the Redis key) followed by the object's bytes.
   so (``GET`` on a hash fails with ``WRONGTYPE``): delete them or put
   them again.
 
-Commands whose replies carry nothing to check (``SET``, ``EXISTS``,
-``DEL``) are followed by a ``PING <nonce>`` *sentinel*; its echo must
-come back exactly where expected, else a reply was duplicated or lost and
-the call fails instead of reporting another command's answer.
+A call with several replies that carry nothing to check (a batch of
+``SET``, ``EXISTS`` or ``DEL``) ends with a ``PING <nonce>`` *sentinel*;
+its echo must come back exactly where expected, else a reply was
+duplicated or lost and the call fails instead of reporting another
+command's answer.  A single ``SET``/``EXISTS``/``DEL`` has one reply and
+no sentinel (it would cost the server a command per call): a duplicated
+reply is caught by the check for unread bytes before the connection's
+next use, and a server that lies about ``+OK`` could as well drop the
+value.
 """
 
 from __future__ import annotations

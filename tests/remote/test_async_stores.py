@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import os
 import threading
 import time
 import uuid
@@ -276,7 +277,7 @@ def test_async_redis_store_takes_clients_and_refuses_bad_options(
     with pytest.raises(InvalidArgumentError, match="window"):
         AsyncRedisStore(redis_server.url, window=0)
     with pytest.raises(InvalidArgumentError, match="threads"):
-        AsyncFileStore("/tmp/x-unused", threads=0)
+        AsyncFileStore("/tmp/x-unused", threads=-1)
 
 
 @pytest.mark.redis
@@ -288,3 +289,35 @@ def test_open_async_store(tmp_path: Path, redis_server: RedisServer) -> None:
     assert isinstance(store, AsyncRedisStore)
     run(store.ping())
     store.close()
+
+
+@pytest.mark.parametrize("threads", [None, 0, 3])
+def test_async_file_store_on_the_loop_or_in_threads(
+    tmp_path: Path, pool: kvpool.TensorMemoryAllocator, threads: int | None
+) -> None:
+    from kvpool.remote.aiofile import on_tmpfs
+
+    src = pool.allocate(KV_SHAPE, KV_DTYPE, KV_FMT)
+    data = fill(src, 5)
+
+    async def main() -> None:
+        async with AsyncFileStore(tmp_path / "s", threads=threads) as store:
+            expected = threads if threads is not None else (0 if on_tmpfs(str(tmp_path)) else 4)
+            assert store.threads == expected
+            await store.put("k", src)
+            got = await asyncio.gather(*(store.get("k", pool) for _ in range(8)))
+            assert all(bytes(g.byte_array) == data for g in got)  # type: ignore[union-attr]
+            for g in got:
+                g.ref_count_down()  # type: ignore[union-attr]
+
+    run(main())
+    src.ref_count_down()
+
+
+def test_tmpfs_detection(tmp_path: Path) -> None:
+    from kvpool.remote.aiofile import on_tmpfs
+
+    if os.path.isdir("/dev/shm"):
+        assert on_tmpfs("/dev/shm")
+    assert not on_tmpfs("/proc")
+    assert not on_tmpfs(str(tmp_path / "missing"))
