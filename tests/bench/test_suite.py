@@ -196,6 +196,11 @@ def test_optional_benchmark_absent_says_why_in_plain_words(monkeypatch: pytest.M
     assert str(info.value) == "this kvpool has no such thing"  # no module or hook names
 
 
+def test_remote_stores_benchmark_is_found() -> None:
+    bench = resolve("remote_put_get")
+    assert bench.name == "remote_put_get" and bench.title
+
+
 # -- the CLI in-process ------------------------------------------------
 
 
