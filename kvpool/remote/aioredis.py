@@ -116,7 +116,17 @@ class AsyncConnection:
         self, loop: asyncio.AbstractEventLoop, parts: Sequence[bytes | memoryview], deadline: float
     ) -> None:
         """Write every part in order (memoryviews are not copied)."""
-        todo = [p for p in parts if len(p)]
+        todo: list[bytes | memoryview] | None = [p for p in parts if len(p)]
+        try:
+            await self._send_all(loop, todo, deadline)  # type: ignore[arg-type]
+        except BaseException:
+            todo.clear()  # type: ignore[union-attr]  # views not kept by the traceback
+            todo = parts = None  # type: ignore[assignment]
+            raise
+
+    async def _send_all(
+        self, loop: asyncio.AbstractEventLoop, todo: list[bytes | memoryview], deadline: float
+    ) -> None:
         if self._ssl:
             for part in todo:
                 view = memoryview(part)
@@ -163,22 +173,26 @@ class AsyncConnection:
             return
 
     async def _recv_exact(
-        self, loop: asyncio.AbstractEventLoop, view: memoryview, deadline: float
+        self, loop: asyncio.AbstractEventLoop, view: memoryview | None, deadline: float
     ) -> None:
         recv_into = self.sock.recv_into
-        want, got = view.nbytes, 0
-        while got < want:
-            try:
-                n = recv_into(view[got:] if got else view)
-            except _WOULD_BLOCK_READ:
-                await self._ready(loop, False, deadline)
-                continue
-            except ssl.SSLWantWriteError:
-                await self._ready(loop, True, deadline)
-                continue
-            if n == 0:
-                raise ServerClosed("the server closed the connection in the middle of a value")
-            got += n
+        want, got = view.nbytes, 0  # type: ignore[union-attr]
+        try:
+            while got < want:
+                try:
+                    n = recv_into(view[got:] if got else view)  # type: ignore[index]
+                except _WOULD_BLOCK_READ:
+                    await self._ready(loop, False, deadline)
+                    continue
+                except ssl.SSLWantWriteError:
+                    await self._ready(loop, True, deadline)
+                    continue
+                if n == 0:
+                    raise ServerClosed("the server closed the connection in the middle of a value")
+                got += n
+        except BaseException:
+            view = None  # not kept alive by the traceback (see run)
+            raise
 
     async def run(self, steps: Steps, deadline: float) -> Any:
         """Serve a plan until it returns (see :meth:`RedisConnection.run`).
@@ -200,6 +214,9 @@ class AsyncConnection:
         except StopIteration as stop:
             return stop.value
         except BaseException:
+            # The traceback keeps this frame: drop the view it holds, so a
+            # freed destination's memory is not held by a kept exception.
+            want = None
             steps.close()
             raise
 

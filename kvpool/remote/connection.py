@@ -124,7 +124,16 @@ class RedisConnection:
             TimeoutError: the deadline passed (the connection must be dropped).
             OSError: the connection failed.
         """
-        todo = [p for p in parts if len(p)]
+        todo: list[bytes | memoryview] | None = [p for p in parts if len(p)]
+        try:
+            self._send_all(todo, deadline)  # type: ignore[arg-type]
+        except BaseException:
+            todo.clear()  # type: ignore[union-attr]  # views not kept by the traceback
+            todo = parts = None  # type: ignore[assignment]
+            raise
+        self._waited = True
+
+    def _send_all(self, todo: list[bytes | memoryview], deadline: float) -> None:
         if self._ssl:
             self._send_tls(todo, deadline)
         else:
@@ -144,7 +153,6 @@ class RedisConnection:
                     else:
                         todo[i] = memoryview(todo[i])[sent:]
                         sent = 0
-        self._waited = True
 
     def _send_tls(self, parts: list[bytes | memoryview], deadline: float) -> None:
         # TLS sockets have no sendmsg: small parts are joined (fewer records),
@@ -200,23 +208,27 @@ class RedisConnection:
             reader.commit(n)
             return
 
-    def _recv_exact(self, view: memoryview, deadline: float) -> None:
+    def _recv_exact(self, view: memoryview | None, deadline: float) -> None:
         recv_into = self.sock.recv_into
-        want = view.nbytes
+        want = view.nbytes  # type: ignore[union-attr]
         got = 0
         self._waited = False
-        while got < want:
-            try:
-                n = recv_into(view[got:] if got else view)
-            except _WOULD_BLOCK_READ:
-                self._wait(_POLLIN, deadline)
-                continue
-            except ssl.SSLWantWriteError:
-                self._wait(_POLLOUT, deadline)
-                continue
-            if n == 0:
-                raise ServerClosed("the server closed the connection in the middle of a value")
-            got += n
+        try:
+            while got < want:
+                try:
+                    n = recv_into(view[got:] if got else view)  # type: ignore[index]
+                except _WOULD_BLOCK_READ:
+                    self._wait(_POLLIN, deadline)
+                    continue
+                except ssl.SSLWantWriteError:
+                    self._wait(_POLLOUT, deadline)
+                    continue
+                if n == 0:
+                    raise ServerClosed("the server closed the connection in the middle of a value")
+                got += n
+        except BaseException:
+            view = None  # not kept alive by the traceback (see run)
+            raise
 
     def run(self, steps: Steps, deadline: float) -> Any:
         """Serve the plan or reply parser ``steps`` until it returns; return its value.
@@ -246,6 +258,9 @@ class RedisConnection:
         except StopIteration as stop:
             return stop.value
         except BaseException:
+            # The traceback keeps this frame: drop the view it holds, so a
+            # freed destination's memory is not held by a kept exception.
+            want = None
             steps.close()
             raise
 
