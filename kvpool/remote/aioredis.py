@@ -79,12 +79,13 @@ class AsyncConnection:
     Not safe for two tasks at once (the pool gives each call its own).
 
     Args:
-        conn: the connection (its socket is already non-blocking).
+        conn: the connection (its socket is made non-blocking here).
     """
 
     __slots__ = ("_fd", "_ssl", "conn", "reader", "sock")
 
     def __init__(self, conn: RedisConnection) -> None:
+        conn.sock.setblocking(False)  # the loop waits for readiness, never the kernel
         self.conn = conn
         self.sock = conn.sock
         self.reader = conn.reader

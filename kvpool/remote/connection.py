@@ -3,14 +3,16 @@
 This is the layer every Redis-protocol store builds on (RedisStore here; a
 cluster router keeps one :class:`NodePool` per node):
 
-* :class:`RedisConnection` owns one non-blocking socket.  ``send(parts,
-  deadline)`` writes a command whose parts may be memoryviews of pool
-  memory with one ``sendmsg`` (no copy in Python); ``run(steps,
-  deadline)`` serves a reply parser of :mod:`kvpool.remote.resp`, which
-  receives a value straight into its destination (``recv_into``).  Every
-  wait is a ``poll`` bounded by the call's *deadline* (a
-  ``time.monotonic()`` instant), so a server that trickles bytes cannot
-  stretch a call past it: :class:`TimeoutError` is raised instead.
+* :class:`RedisConnection` owns one socket.  ``send(parts, deadline)``
+  writes a command whose parts may be memoryviews of pool memory with one
+  ``sendmsg`` (no copy in Python); ``run(steps, deadline)`` serves a
+  reply parser of :mod:`kvpool.remote.resp`, which receives a value
+  straight into its destination (one ``recv_into`` with ``MSG_WAITALL``).
+  Every wait is bounded by the call's *deadline* (a ``time.monotonic()``
+  instant): a plain socket blocks in the kernel with ``SO_RCVTIMEO`` /
+  ``SO_SNDTIMEO`` set to the time left, a TLS socket is non-blocking and
+  polled; so a server that trickles bytes cannot stretch a call past it:
+  :class:`TimeoutError` is raised instead.
 * :func:`pipelined` is a plan that keeps a bounded window of commands in
   flight on one connection (send ``window`` commands, then one more per
   reply read).
@@ -42,6 +44,7 @@ import os
 import select
 import socket
 import ssl
+import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -81,17 +84,31 @@ class RedisConnection:
         limits: bounds on replies.
     """
 
-    __slots__ = ("_events", "_poller", "_ssl", "_waited", "label", "owner", "reader", "sock")
+    __slots__ = (
+        "_events",
+        "_poller",
+        "_ssl",
+        "_timeo",
+        "_waited",
+        "label",
+        "owner",
+        "reader",
+        "sock",
+    )
 
     def __init__(
         self, sock: socket.socket, label: str, owner: Any = None, limits: Limits = DEFAULT_LIMITS
     ) -> None:
-        sock.setblocking(False)
+        self._ssl = isinstance(sock, ssl.SSLSocket)
+        # Plain sockets block in the kernel, bounded by SO_RCVTIMEO/SO_SNDTIMEO
+        # set from the deadline (one system call per receive, a value read
+        # whole with MSG_WAITALL); TLS sockets are non-blocking and polled.
+        sock.setblocking(not self._ssl)
+        self._timeo = -1.0
         self.sock = sock
         self.label = label
         self.owner = owner
         self.reader = Reader(limits)
-        self._ssl = isinstance(sock, ssl.SSLSocket)
         self._poller = select.poll()
         self._poller.register(sock.fileno(), _POLLIN)
         self._events = _POLLIN
@@ -99,8 +116,31 @@ class RedisConnection:
 
     # -- waiting -----------------------------------------------------
 
+    def _arm(self, deadline: float) -> None:
+        """(plain sockets) Bound the next blocking call by the deadline; TimeoutError past it.
+
+        The socket's timeouts are set again only when they drifted from the
+        time left by more than 10 ms, so most calls cost no system call here.
+        """
+        remaining = deadline - now()
+        if remaining <= 0:
+            raise TimeoutError("the call's deadline passed")
+        if abs(self._timeo - remaining) > 0.01:
+            sec = int(remaining)
+            timeval = struct.pack("ll", sec, max(1, int((remaining - sec) * 1e6)))
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
+            self._timeo = remaining
+
     def _wait(self, events: int, deadline: float) -> None:
-        """Wait until the socket is ready for ``events``; TimeoutError past the deadline."""
+        """Wait until the socket is ready for ``events``; TimeoutError past the deadline.
+
+        On a plain (blocking) socket this follows a timed-out system call:
+        it re-arms the timeouts with the time left, or raises.
+        """
+        if not self._ssl:
+            self._arm(deadline)
+            return
         if events != self._events:
             self._poller.modify(self.sock.fileno(), events)
             self._events = events
@@ -140,6 +180,7 @@ class RedisConnection:
             sendmsg = self.sock.sendmsg
             i, count = 0, len(todo)
             while i < count:
+                self._arm(deadline)
                 try:
                     sent = sendmsg(todo[i : i + _IOV_MAX] if i or count > _IOV_MAX else todo)
                 except _WOULD_BLOCK_WRITE:
@@ -189,12 +230,15 @@ class RedisConnection:
         reader = self.reader
         view = reader.space()
         recv_into = self.sock.recv_into
-        if self._waited and not self._ssl:
+        plain = not self._ssl
+        if self._waited and not plain:
             # Right after a send the reply is rarely there yet: poll first
             # (two system calls instead of a failed recv, a poll and a recv).
             self._waited = False
             self._wait(_POLLIN, deadline)
         while True:
+            if plain:
+                self._arm(deadline)
             try:
                 n = recv_into(view)
             except _WOULD_BLOCK_READ:
@@ -213,10 +257,16 @@ class RedisConnection:
         want = view.nbytes  # type: ignore[union-attr]
         got = 0
         self._waited = False
+        # A plain socket receives the whole view in one call (MSG_WAITALL),
+        # returning early only at the timeout or the end of the stream.
+        flags = 0 if self._ssl else socket.MSG_WAITALL
+        plain = not self._ssl
         try:
             while got < want:
+                if plain:
+                    self._arm(deadline)
                 try:
-                    n = recv_into(view[got:] if got else view)  # type: ignore[index]
+                    n = recv_into(view[got:] if got else view, 0, flags)  # type: ignore[index]
                 except _WOULD_BLOCK_READ:
                     self._wait(_POLLIN, deadline)
                     continue

@@ -45,6 +45,7 @@ from collections.abc import Callable, Generator
 from kvpool.errors import (
     CorruptEntryError,
     InvalidArgumentError,
+    KVPoolError,
     RemoteStoreError,
     StoreConnectionError,
 )
@@ -269,6 +270,12 @@ def read_entry(
 ) -> Generator[Want, None, MemoryObj | None]:
     """Read the reply to ``GET`` into a new object from ``allocator``.
 
+    With the layout and format given, the destination is allocated before
+    the reply is awaited (while the server works), and freed again if the
+    key turns out missing or the entry different; if that early allocation
+    fails, it is retried (and its error raised) only once the entry is
+    known, so a missing key still returns None from a full pool.
+
     Args:
         reader: the connection's reader.
         where: names the call in error messages.
@@ -288,48 +295,56 @@ def read_entry(
         ProtocolError: a malformed reply.
         Any error of the allocator; the object is freed on every error.
     """
-    line = yield from reader.line()
-    if line[:1] != b"$":
-        if line[:1] == b"-":
-            raise _refusal(ErrorReply(line[1:501].decode("utf-8", errors="replace")), where)
-        raise ProtocolError(f"{where}: unexpected reply {line[:40]!r} to GET")
-    total = parse_length(line, "value", _LONGEST)
-    if total < 0:
-        return None
-    header = yield from _read_header(reader, total, where)
-    size = total - len(header)
-    if (
-        layout is not None
-        and fmt is not None
-        and size == layout.nbytes
-        and header == layout.tagged_header(fmt, tag)
-    ):
-        info = None  # the common case: exactly the entry asked for, no CRC
-    else:
-        info = decode_header(header, where)
-        _check_tag(info, tag, where)
-        check_stored(info, layout, fmt, where)
-        if size != info.size:
-            raise CorruptEntryError(
-                f"{where}: {size} payload bytes stored, the header announces {info.size}"
-            )
-        if layout is None:
-            layout = layout_for(info.shapes, info.dtypes)
-        if fmt is None:
-            fmt = info.fmt
-    obj = None
+    obj = view = None
+    if layout is not None and fmt is not None:
+        try:
+            obj, view = destination(allocator, layout, fmt, where)
+        except (KVPoolError, MemoryError):
+            obj = view = None  # raised again below if the entry exists
     try:
-        obj, view = destination(allocator, layout, fmt, where)
-        if info is not None and size != view.nbytes:
-            view = view[:size]
-        yield from reader.read_into(view)
+        line = yield from reader.line()
+        if line[:1] != b"$":
+            if line[:1] == b"-":
+                raise _refusal(ErrorReply(line[1:501].decode("utf-8", errors="replace")), where)
+            raise ProtocolError(f"{where}: unexpected reply {line[:40]!r} to GET")
+        total = parse_length(line, "value", _LONGEST)
+        if total < 0:
+            discard(obj)
+            return None
+        header = yield from _read_header(reader, total, where)
+        size = total - len(header)
+        if (
+            layout is not None
+            and fmt is not None
+            and size == layout.nbytes
+            and header == layout.tagged_header(fmt, tag)
+        ):
+            info = None  # the common case: exactly the entry asked for, no CRC
+        else:
+            info = decode_header(header, where)
+            _check_tag(info, tag, where)
+            check_stored(info, layout, fmt, where)
+            if size != info.size:
+                raise CorruptEntryError(
+                    f"{where}: {size} payload bytes stored, the header announces {info.size}"
+                )
+            if layout is None:
+                layout = layout_for(info.shapes, info.dtypes)
+            if fmt is None:
+                fmt = info.fmt
+        if obj is None:
+            obj, view = destination(allocator, layout, fmt, where)
+        if info is not None and size != view.nbytes:  # type: ignore[union-attr]
+            view = view[:size]  # type: ignore[index]
+        yield from reader.read_into(view)  # type: ignore[arg-type]
         yield from reader.crlf()
         if info is not None:
-            if info.payload_crc is not None and zlib.crc32(view) != info.payload_crc:
+            if info.payload_crc is not None and zlib.crc32(view) != info.payload_crc:  # type: ignore[arg-type]
                 raise CorruptEntryError(f"{where}: payload CRC mismatch")
             if info.size != info.layout_size:
                 obj.set_used_size(info.size)
     except BaseException:
+        view = None
         discard(obj)
         raise
     return obj

@@ -16,6 +16,8 @@ async redis get        AsyncRedisStore.get, awaited    redis.asyncio ``await r.g
 file put / get         FileStore put / get             bare ``os.pwritev`` / ``os.preadv`` of
                                                        the same bytes (header + chunk) into
                                                        existing files of the same directory
+file get vs allocate   FileStore get                   ``allocate`` + bare ``os.preadv`` into
+                                                       the new object (a get's own work)
 file put vs naive      FileStore put                   ``open(path, "wb").write`` of them
 file batched_*         FileStore.batched_*             a loop of FileStore's single calls
 async file get         AsyncFileStore.get (on the      FileStore.get
@@ -71,6 +73,7 @@ _METRICS = [
     Metric("async_redis_get", "async redis get vs redis.asyncio get + copy", "GB/s", True),
     Metric("file_put", "file put vs bare os.pwritev (/dev/shm)", "GB/s", True),
     Metric("file_get", "file get vs bare os.preadv (/dev/shm)", "GB/s", True),
+    Metric("file_get_alloc", "file get vs allocate + bare os.preadv", "GB/s", True),
     Metric("file_put_naive", "file put vs naive open().write", "GB/s", True),
     Metric("file_batched_put", "file batched_put vs a loop of put", "GB/s", True),
     Metric("file_batched_get", "file batched_get vs a loop of get", "GB/s", True),
@@ -406,6 +409,16 @@ def _pairs(fx: _Fixture) -> list[_Pair]:
             finally:
                 os.close(fd)
 
+    def alloc_preadv() -> list[Any]:
+        objs = [pool.allocate(_SHAPE, _DTYPE, _FMT) for _ in keys]
+        for path, o in zip(bare, objs, strict=True):
+            fd = os.open(path, rflags)
+            try:
+                os.preadv(fd, [head, o.byte_array], 0)
+            finally:
+                os.close(fd)
+        return objs
+
     def naive_loop() -> None:
         for path, o in zip(bare, src, strict=True):
             with open(path, "wb") as f:
@@ -421,6 +434,12 @@ def _pairs(fx: _Fixture) -> list[_Pair]:
     pairs += [
         _Pair("file_put", loop_put(files), pwritev_loop, n),
         _Pair("file_get", fresh(loop_get(files), "file get"), into_dst(preadv_loop, "preadv"), n),
+        _Pair(
+            "file_get_alloc",
+            fresh(loop_get(files), "file get"),
+            fresh(alloc_preadv, "allocate + preadv"),
+            n,
+        ),
         _Pair("file_put_naive", loop_put(files), naive_loop, n),
         _Pair("file_batched_put", lambda: files.batched_put(keys, src), loop_put(files), n),
         _Pair(
