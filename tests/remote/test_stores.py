@@ -434,6 +434,9 @@ def test_get_into_full_pool(store: RemoteStore, pool: kvpool.TensorMemoryAllocat
     src = small.allocate(KV_SHAPE, KV_DTYPE, KV_FMT)
     fill(src, 1)
     store.put("k", src)
+    # a missing key is None even when the pool has no room
+    assert store.get("missing", small, KV_SHAPE, KV_DTYPE, KV_FMT) is None
+    assert store.batched_get(["missing"], small, KV_SHAPE, KV_DTYPE, KV_FMT) == [None]
     with pytest.raises(OutOfMemoryError, match="no room"):
         store.get("k", small, KV_SHAPE, KV_DTYPE, KV_FMT)
     assert small.stats().active_objects == 1 and small.memcheck()
