@@ -184,7 +184,7 @@ def test_trickling_server_is_bounded_by_the_call_timeout(
     # up (and closes) after 4 s, so a per-read timeout ends in a lost
     # connection, never in a timeout.
     _both(hostile, lambda args, honest: Trickle(honest, 0.25, 4.0))
-    hostile.rule(b"EXISTS", lambda args, honest: Trickle(b"*1\r\n" * 20 + honest, 0.25, 4.0))
+    hostile.rule(b"EXISTS", lambda args, honest: Trickle(b":" + b"1" * 30 + b"\r\n", 0.25, 4.0))
     for call in [*_gets(store, pool), lambda: store.exists("a")]:
         with pytest.raises(StoreTimeoutError, match=r"1\.0 s"):
             bounded(call, 10)
