@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
+from kvpool.errors import FeatureUnavailableError
 from kvpool.formats import MemoryFormat, normalize_layout
 from kvpool.pool.objects import MemoryObj
 
@@ -114,6 +115,28 @@ class MemoryAllocatorInterface(metaclass=abc.ABCMeta):
     def memcheck(self) -> bool:
         """Verify the allocator's invariants; True when all hold."""
         return True
+
+    # -- for consumers that register the memory (transfer engines) -----
+
+    def memory_region(self) -> tuple[int, int] | None:
+        """``(address, nbytes)`` of the one host range all objects live in, or None.
+
+        A consumer that must register memory with a transfer engine (RDMA,
+        Mooncake) registers this range once and drops it in a hook added
+        with :meth:`add_close_hook`.  None: no such range (device memory,
+        Python byte buffers, a closed pool); the default.
+        """
+        return None
+
+    def add_close_hook(self, hook: Callable[[], None]) -> Callable[[], None]:
+        """Call ``hook()`` once when the allocator closes; returns its remover.
+
+        Offered by the allocators whose :meth:`memory_region` is not None.
+
+        Raises:
+            FeatureUnavailableError: this allocator has no close hooks (the default).
+        """
+        raise FeatureUnavailableError(f"{self} has no close hooks (it has no memory region)")
 
     def _adapt_shapes_and_dtypes(
         self,

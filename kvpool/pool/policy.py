@@ -252,6 +252,8 @@ class PlacementPolicy(MemoryAllocatorInterface):
         self._held_count = 0
         # Strict mode: what the garbage-collection backstop reclaimed.
         self._leaked: list[str] = []
+        self._close_hooks: dict[int, Callable[[], None]] = {}
+        self._next_hook = 0
         _live_policies.add(self)
 
     # -- hooks for the subclasses ----------------------------------------
@@ -486,6 +488,50 @@ class PlacementPolicy(MemoryAllocatorInterface):
             logger.error("memcheck(%s): %s", self, problem)
         return not problems
 
+    # -- the memory, for consumers that register it ------------------------
+
+    def memory_region(self) -> tuple[int, int] | None:
+        """``(address, nbytes)`` of the pool's host memory; None if closed or on a device.
+
+        See :meth:`MemoryAllocatorInterface.memory_region`: every object of
+        the pool lies in this range for the pool's whole life.
+        """
+        buffer = self.buffer
+        if self.closed or buffer.device.type != "cpu":
+            return None
+        return self.base_address, buffer.numel()
+
+    def add_close_hook(self, hook: Callable[[], None]) -> Callable[[], None]:
+        """Call ``hook()`` once when the pool closes (at once if it is closed already).
+
+        Hooks run in the thread that closes the pool, after its objects
+        are invalidated and before its memory is released (a pool's backing
+        is closed after its policy), in the order they were added, outside
+        the pool's lock.  An exception from a hook is logged, not raised.
+        In a forked child the hooks are dropped, not run (what they release
+        belongs to the parent).
+
+        Returns:
+            A function that removes the hook (idempotent); call it when the
+            hook's owner goes away before the pool.
+        """
+        if not callable(hook):
+            raise InvalidArgumentError(f"a close hook must be callable, got {hook!r}")
+        with self.lock:
+            if not self.closed:
+                token = self._next_hook
+                self._next_hook += 1
+                self._close_hooks[token] = hook
+
+                def remove() -> None:
+                    with self.lock:
+                        self._close_hooks.pop(token, None)
+
+                return remove
+        if self._closed_why != "forked":
+            _run_hooks([hook], self)
+        return _no_op
+
     # -- lifecycle ----------------------------------------------------------
 
     def close(self) -> None:
@@ -532,11 +578,14 @@ class PlacementPolicy(MemoryAllocatorInterface):
             self._arena = None
             self._forget_memory_locked()
             pinned = self._pinned
+            hooks, self._close_hooks = list(self._close_hooks.values()), {}
         finally:
             lock.release()
         if pinned and why == "closed":
             # Its pinned objects are gone with it: the monitor lets go of them.
             PinMonitor.GetOrCreate().forget_owner(self)
+        if why == "closed":
+            _run_hooks(hooks, self)
 
     def _check_open(self, what: str) -> None:
         if self.closed:
@@ -546,3 +595,15 @@ class PlacementPolicy(MemoryAllocatorInterface):
 
     def _report_already_freed(self, obj: object) -> None:
         report(InvalidHandleError, f"batched_free of an already freed object {obj!r}; skipped")
+
+
+def _no_op() -> None:
+    pass
+
+
+def _run_hooks(hooks: list[Callable[[], None]], pool: object) -> None:
+    for hook in hooks:
+        try:
+            hook()
+        except Exception:
+            logger.exception("a close hook of %s failed", pool)

@@ -22,7 +22,7 @@ pool adds none.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -324,6 +324,14 @@ class MemoryPool(MemoryAllocatorInterface):
         info["policy"] = self.allocator.kind
         info["pool"] = self._name
         return info
+
+    def memory_region(self) -> tuple[int, int] | None:
+        """The policy's :meth:`~PlacementPolicy.memory_region` (where every object lives)."""
+        return self.allocator.memory_region()
+
+    def add_close_hook(self, hook: Callable[[], None]) -> Callable[[], None]:
+        """The policy's :meth:`~PlacementPolicy.add_close_hook` (run by :meth:`close`)."""
+        return self.allocator.add_close_hook(hook)
 
     def close(self) -> None:
         """Invalidate every object and return the memory.  Idempotent.

@@ -1,4 +1,4 @@
-"""Remote put/get of memory objects: files and Redis/Valkey.
+"""Remote put/get of memory objects: files, Redis/Valkey (one node or a cluster), Mooncake.
 
 ::
 
@@ -16,6 +16,8 @@
   default; on ``/dev/shm`` it lives in memory).
 * :class:`RedisStore` - Redis or Valkey through the ``redis`` client
   (``pip install 'kvpool[redis]'``).
+* :class:`RedisClusterStore` - a Redis or Valkey Cluster, keys routed by slot.
+* :class:`MooncakeStore` - a Mooncake Store (``pip install 'kvpool[mooncake]'``).
 * :class:`AsyncRedisStore`, :class:`AsyncFileStore` - the same stores for
   asyncio code (:class:`AsyncRemoteStore`): coroutines, the same bytes
   path, cancellation that frees what a call allocated.
@@ -47,8 +49,11 @@ from kvpool.remote.aiobase import AsyncRemoteStore
 from kvpool.remote.aiofile import AsyncFileStore
 from kvpool.remote.aioredis import AsyncRedisStore
 from kvpool.remote.base import MAX_KEY_BYTES, Key, RemoteStore
+from kvpool.remote.clusternodes import SCHEMES as _CLUSTER_SCHEMES
 from kvpool.remote.filestore import FileStore
 from kvpool.remote.header import EntryInfo
+from kvpool.remote.mooncakestore import MooncakeStore
+from kvpool.remote.rediscluster import RedisClusterStore
 from kvpool.remote.redisconfig import redact_url
 from kvpool.remote.redisstore import RedisStore
 
@@ -61,6 +66,8 @@ __all__ = [
     "EntryInfo",
     "FileStore",
     "Key",
+    "MooncakeStore",
+    "RedisClusterStore",
     "RedisStore",
     "RemoteStore",
     "RemoteStoreError",
@@ -72,7 +79,7 @@ __all__ = [
 
 
 def _parse(spec: object) -> tuple[str, str]:
-    """``("file", path)`` or ``("redis", url)`` for a store spec.
+    """``(kind, spec)`` of a store spec: ``file``, ``redis``, ``redis-cluster`` or ``mooncake``.
 
     Raises:
         InvalidArgumentError: see :func:`open_store`.
@@ -101,9 +108,14 @@ def _parse(spec: object) -> tuple[str, str]:
         if scheme.startswith("valkey"):
             url = "redis" + text[len("valkey") :]
         return "redis", url
+    if scheme in _CLUSTER_SCHEMES:
+        return "redis-cluster", text
+    if scheme == "mooncake":
+        return "mooncake", text
     raise InvalidArgumentError(
         f"unknown store spec {redact_url(text)!r}: use a directory, file:///path, "
-        "redis://host:port/db, rediss://..., or unix:///socket"
+        "redis://host:port/db, rediss://..., unix:///socket, redis-cluster://h1:p1,h2:p2, "
+        "or mooncake://master:port?metadata=URL"
     )
 
 
@@ -117,7 +129,12 @@ def open_store(spec: str | os.PathLike[str], **options: Any) -> RemoteStore:
               ``file:///abs/path`` -> :class:`FileStore`;
             * ``redis://[user:password@]host[:port][/db]``, ``rediss://...``
               (TLS) or ``unix:///path/to/socket`` -> :class:`RedisStore`;
-              ``valkey://`` and ``valkeys://`` are accepted as synonyms.
+              ``valkey://`` and ``valkeys://`` are accepted as synonyms;
+            * ``redis-cluster://[user:password@]h1:p1,h2:p2,...[?options]``
+              (``rediss-cluster://`` for TLS; ``valkey-cluster://``) ->
+              :class:`RedisClusterStore`;
+            * ``mooncake://MASTER:PORT?metadata=URL&protocol=tcp`` ->
+              :class:`MooncakeStore` (see :meth:`MooncakeStore.from_url`).
         **options: keyword arguments for the store's constructor (e.g.
             ``checksum=True``, ``io_threads=2``, ``timeout=1.0``).
 
@@ -127,12 +144,17 @@ def open_store(spec: str | os.PathLike[str], **options: Any) -> RemoteStore:
     Raises:
         InvalidArgumentError: an empty spec, an unknown scheme, or a
             ``file:`` URL with a host.
-        FeatureUnavailableError: a Redis spec without the ``redis`` client.
-        StoreConnectionError: the Redis server cannot be reached.
+        FeatureUnavailableError: a Redis spec without the ``redis`` client,
+            a Mooncake spec without Mooncake's client.
+        StoreConnectionError: the server, cluster or master cannot be reached.
     """
     kind, where = _parse(spec)
     if kind == "file":
         return FileStore(where, **options)
+    if kind == "redis-cluster":
+        return RedisClusterStore(where, **options)
+    if kind == "mooncake":
+        return MooncakeStore.from_url(where, **options)
     return RedisStore(where, **options)
 
 
@@ -143,9 +165,15 @@ def open_async_store(spec: str | os.PathLike[str], **options: Any) -> AsyncRemot
     checks a Redis server).
 
     Raises:
-        As :func:`open_store` (without the connection errors).
+        As :func:`open_store` (without the connection errors); a
+        ``redis-cluster://`` or ``mooncake://`` spec is an
+        ``InvalidArgumentError`` (no asyncio store for them yet).
     """
     kind, where = _parse(spec)
     if kind == "file":
         return AsyncFileStore(where, **options)
+    if kind != "redis":
+        raise InvalidArgumentError(
+            f"no asyncio store for {kind} specs yet; use open_store({redact_url(where)!r})"
+        )
     return AsyncRedisStore(where, **options)

