@@ -53,9 +53,15 @@ class PinMonitor:
     (default 10 s), ``force_unpin`` (default False: only report), and an
     optional ``on_timeout`` callback receiving each :class:`PinnedReport`.
 
+    Listeners (:meth:`add_listener`) hear of every recorded pin, unpin and
+    forced unpin; a bridge uses them to report kvpool objects to another
+    project's monitors (see :mod:`kvpool.integrations.lmcache`).
+
     Thread safety: all methods may be called from any thread.  The
     background thread is started by the first pin (while monitoring is
-    enabled) and exits on its own once nothing is pinned.
+    enabled) and exits on its own once nothing is pinned.  Listeners are
+    called outside the monitor's lock, possibly under the pool's lock of
+    the object, so they must not call back into that pool.
     """
 
     _instance: ClassVar[PinMonitor | None] = None
@@ -79,6 +85,7 @@ class PinMonitor:
         self.force_unpin = force_unpin
         self.on_timeout = on_timeout
         self.enabled = enabled
+        self._listeners: tuple[Any, ...] = ()
 
     @classmethod
     def GetOrCreate(cls) -> PinMonitor:
@@ -129,24 +136,50 @@ class PinMonitor:
             self._cond.notify_all()
         self._ensure_thread()
 
+    # -- listeners --------------------------------------------------------
+
+    def add_listener(self, listener: Any) -> None:
+        """Tell ``listener`` of every pin event from now on (no-op if already added).
+
+        ``listener`` has ``on_pin(obj, first)`` (``first``: the pin that
+        made the object pinned), ``on_unpin(obj)`` (the object is no longer
+        pinned: last unpin, freed or its pool closed) and
+        ``on_forced_unpin(obj)`` (this monitor unpinned an overdue object).
+        """
+        with self._cond:
+            if listener not in self._listeners:
+                self._listeners = (*self._listeners, listener)
+
+    def remove_listener(self, listener: Any) -> None:
+        """Stop telling ``listener`` (no-op if it was not added)."""
+        with self._cond:
+            self._listeners = tuple(x for x in self._listeners if x is not listener)
+
     # -- events from memory objects -------------------------------------
 
     def on_pin(self, obj: Any) -> None:
         """Record a pin of ``obj`` (the first pin starts its clock)."""
         with self._cond:
             key = id(obj)
-            if key not in self._pinned:
+            first = key not in self._pinned
+            if first:
                 self._pinned[key] = (obj, time.monotonic())
+            listeners = self._listeners
+        for listener in listeners:
+            listener.on_pin(obj, first)
         self._ensure_thread()
 
     def on_unpin(self, obj: Any) -> None:
         """Record that ``obj`` is no longer pinned."""
         with self._cond:
             key = id(obj)
-            self._pinned.pop(key, None)
+            known = self._pinned.pop(key, None) is not None
             self._reported.discard(key)
             if not self._pinned:
                 self._cond.notify_all()  # lets the thread exit now
+            listeners = self._listeners if known else ()
+        for listener in listeners:
+            listener.on_unpin(obj)
 
     def forget_owner(self, owner: Any) -> int:
         """Forget every pinned object whose pool is ``owner`` (a closed pool).
@@ -155,15 +188,21 @@ class PinMonitor:
             How many objects were forgotten.
         """
         with self._cond:
-            keys = [
-                k for k, (obj, _) in self._pinned.items() if getattr(obj, "owner", None) is owner
+            gone = [
+                (k, obj)
+                for k, (obj, _) in self._pinned.items()
+                if getattr(obj, "owner", None) is owner
             ]
-            for key in keys:
+            for key, _ in gone:
                 del self._pinned[key]
                 self._reported.discard(key)
             if not self._pinned:
                 self._cond.notify_all()
-        return len(keys)
+            listeners = self._listeners
+        for _, obj in gone:
+            for listener in listeners:
+                listener.on_unpin(obj)
+        return len(gone)
 
     # -- queries ----------------------------------------------------------
 
@@ -209,6 +248,8 @@ class PinMonitor:
                 if self.on_timeout is not None:
                     self.on_timeout(report)
             if self.force_unpin:
+                for listener in self._listeners:
+                    listener.on_forced_unpin(report.obj)
                 for _ in range(max(report.pin_count, 1)):
                     if not report.obj.unpin():
                         break

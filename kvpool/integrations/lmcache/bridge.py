@@ -1,0 +1,113 @@
+"""Forward kvpool's pin events and statistics to LMCache's monitors.
+
+Inside LMCache, a memory object's pins are watched by LMCache's
+``PinMonitor`` (which force-unpins objects pinned past the engine's
+``pin_timeout_sec``) and counted by its ``LMCStatsMonitor`` (the
+``pinned_memory_objs_count``, ``forced_unpin_count``, local cache usage and
+active object gauges of its metrics).  kvpool objects report to kvpool's
+:class:`~kvpool.PinMonitor`; :class:`LMCacheMonitorBridge` listens there and
+passes every event on:
+
+=======================  ==================================================
+kvpool event             LMCache call
+=======================  ==================================================
+first pin of an object   ``LMCStatsMonitor.update_pinned_memory_objs_count(1)``
+every pin                ``PinMonitor.on_pin(obj)`` (restarts its clock)
+no longer pinned         ``update_pinned_memory_objs_count(-1)``,
+                         ``PinMonitor.on_unpin(obj)``
+forced unpin (kvpool's)  ``update_forced_unpin_count(1)``
+pool usage changed       ``update_local_cache_usage(bytes)``,
+                         ``update_active_memory_objs_count(n)``
+=======================  ==================================================
+
+LMCache's ``PinMonitor`` exists once an engine made it from its config
+(``PinMonitor.GetOrCreate(config)``); before that, pins are counted but
+not timed (LMCache itself would fail the pin with "config is required").
+Its forced unpins call the object's own ``unpin()``, which kvpool handles
+as any other unpin, and it counts them itself.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+__all__ = ["LMCacheMonitorBridge", "connect", "current_bridge"]
+
+logger = logging.getLogger("kvpool")
+
+_bridge: LMCacheMonitorBridge | None = None
+
+
+class LMCacheMonitorBridge:
+    """A kvpool :class:`~kvpool.PinMonitor` listener that reports to LMCache.
+
+    The LMCache singletons are looked up on every event (LMCache's tests
+    destroy and re-create them), never cached.
+
+    Thread safety: stateless; LMCache's monitors take their own locks.
+    """
+
+    def __init__(self) -> None:
+        from lmcache.observability import LMCStatsMonitor
+        from lmcache.v1.pin_monitor import PinMonitor
+
+        self._stats_monitor = LMCStatsMonitor
+        self._pin_monitor = PinMonitor
+
+    def _lmcache_pin_monitor(self) -> Any:
+        # GetOrCreate() without a config asserts while no engine made the
+        # monitor; its singleton attribute says whether one exists.
+        if self._pin_monitor._instance is None:
+            return None
+        return self._pin_monitor.GetOrCreate()
+
+    def on_pin(self, obj: Any, first: bool) -> None:
+        """A pin of ``obj`` (``first``: it was not pinned before)."""
+        if first:
+            self._stats_monitor.GetOrCreate().update_pinned_memory_objs_count(1)
+        monitor = self._lmcache_pin_monitor()
+        if monitor is not None:
+            monitor.on_pin(obj)
+
+    def on_unpin(self, obj: Any) -> None:
+        """``obj`` is no longer pinned."""
+        self._stats_monitor.GetOrCreate().update_pinned_memory_objs_count(-1)
+        monitor = self._lmcache_pin_monitor()
+        if monitor is not None:
+            monitor.on_unpin(obj)
+
+    def on_forced_unpin(self, obj: Any) -> None:
+        """kvpool's own monitor unpinned the overdue ``obj``."""
+        self._stats_monitor.GetOrCreate().update_forced_unpin_count(1)
+
+    def on_usage(self, used_bytes: int, active_objects: int) -> None:
+        """A pool's usage changed: bytes held and live objects."""
+        stats = self._stats_monitor.GetOrCreate()
+        stats.update_local_cache_usage(used_bytes)
+        stats.update_active_memory_objs_count(active_objects)
+
+
+def current_bridge() -> LMCacheMonitorBridge | None:
+    """The connected bridge, or None before :func:`connect`."""
+    return _bridge
+
+
+def connect() -> LMCacheMonitorBridge:
+    """Attach the bridge to kvpool's monitor (idempotent).
+
+    kvpool's own pin-timeout thread is switched off: inside LMCache, its
+    ``PinMonitor`` enforces the engine's timeout.
+
+    Returns:
+        The bridge.
+    """
+    global _bridge
+    from kvpool.monitor import PinMonitor
+
+    if _bridge is None:
+        _bridge = LMCacheMonitorBridge()
+    monitor = PinMonitor.GetOrCreate()
+    monitor.add_listener(_bridge)
+    monitor.configure(enabled=False)
+    return _bridge
