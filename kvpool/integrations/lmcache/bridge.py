@@ -103,7 +103,7 @@ def connect() -> LMCacheMonitorBridge:
         The bridge.
     """
     global _bridge
-    from kvpool.monitor import PinMonitor
+    from kvpool.pool.monitor import PinMonitor
 
     if _bridge is None:
         _bridge = LMCacheMonitorBridge()

@@ -31,7 +31,7 @@ from kvpool.integrations.lmcache.names import (
 
 __all__ = ["SERVED_MARKER", "KvpoolModuleFinder", "is_served", "is_served_name"]
 
-#: Attribute set on every served module (its value: the kvpool version).
+#: Attribute set (to True) on every served module.
 SERVED_MARKER = "__kvpool_served__"
 
 
@@ -87,20 +87,17 @@ class KvpoolModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
                 "LMCache versions only; this LMCache is newer than kvpool knows",
                 name=name,
             )
-        import kvpool
+        from kvpool.integrations.lmcache.exports import kvpool_names
 
-        missing = []
-        for attr in (*CORE, *own):
-            try:
-                setattr(module, attr, getattr(kvpool, attr))
-            except AttributeError:
-                missing.append(attr)
+        table = kvpool_names()
+        missing = [attr for attr in (*CORE, *own) if attr not in table]
         if missing:
             raise ImportError(
-                f"kvpool {kvpool.__version__} lacks {', '.join(missing)} needed to serve {name}",
-                name=name,
+                f"kvpool lacks {', '.join(missing)} needed to serve {name}", name=name
             )
-        setattr(module, SERVED_MARKER, kvpool.__version__)
+        for attr in (*CORE, *own):
+            setattr(module, attr, table[attr])
+        setattr(module, SERVED_MARKER, True)
         if name == MEMORY_MANAGEMENT:
             module.__all__ = list(MEMORY_MANAGEMENT_ALL)
             module._CORE_EXPORTS = list(MEMORY_MANAGEMENT_ALL)
