@@ -10,6 +10,7 @@ memory-management module, so code written against it works with
 from kvpool.errors import (
     AddressSpaceExhaustedError,
     ArgumentTypeError,
+    BatchSizeError,
     FeatureUnavailableError,
     GroupIndexError,
     HugePagesExhaustedError,
@@ -114,6 +115,7 @@ __all__ = [
     "AdHocMemoryAllocator",
     "AddressManager",
     "AddressSpaceExhaustedError",
+    "BatchSizeError",
     "BufferAllocator",
     "BytesBufferMemoryObj",
     "CuFileMemoryAllocator",

@@ -38,7 +38,8 @@ from kvpool.pool.devdax import DevDaxBacking, device_identity
 from kvpool.pool.handle import TensorMemoryObj
 from kvpool.pool.interface import MemoryAllocatorInterface
 from kvpool.pool.objects import MemoryObj
-from kvpool.pool.pools import TENSOR_FORMATS, BufferAllocator, MemoryPool, build_policy_or_close
+from kvpool.pool.policy import PlacementSpec
+from kvpool.pool.pools import TENSOR_FORMATS, BufferAllocator, MemoryPool
 
 __all__ = [
     "DevDaxArenaState",
@@ -97,8 +98,9 @@ class _Arena:
 
     def __init__(self, device_path: str, size: int, align_bytes: int, is_primary: bool) -> None:
         backing = DevDaxBacking(device_path, size)
-        policy = build_policy_or_close(backing, False, align_bytes=align_bytes)
-        self.pool = MemoryPool(backing, policy, name="DevDaxMemoryAllocator")
+        self.pool = MemoryPool(
+            backing, PlacementSpec("extent", align_bytes=align_bytes), name="DevDaxMemoryAllocator"
+        )
         self.backing = backing
         self.device_path = device_path
         self.size = size
