@@ -364,8 +364,9 @@ _usage_listener: Callable[[Any], None] | None = None
 def set_usage_listener(listener: Callable[[Any], None] | None) -> Callable[[Any], None] | None:
     """Have pools made from now on call ``listener(policy)`` when their usage changes.
 
-    The call comes under the pool's lock after every allocation and free;
-    ``policy`` offers ``total_allocated_size`` and ``num_active_allocations``.
+    The call comes under the pool's lock after every allocation and free, and
+    at close; ``policy`` offers ``closed``, ``total_allocated_size`` and
+    ``num_active_allocations``.
     The listener must be quick and must not call back into the pool.
 
     Returns:

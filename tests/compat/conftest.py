@@ -186,11 +186,25 @@ class RedisServer:
         except OSError:
             return False
 
+    def command(self, *words: str) -> bytes:
+        """Send one inline command; return the first line of the reply."""
+        with socket.create_connection((self.host, self.port), timeout=5.0) as s:
+            s.sendall(" ".join(words).encode() + b"\r\n")
+            reply = b""
+            while not reply.endswith(b"\r\n"):
+                chunk = s.recv(64)
+                if not chunk:
+                    break
+                reply += chunk
+        return reply.strip()
+
     def flush(self) -> None:
         """Delete every key (between tests)."""
-        with socket.create_connection((self.host, self.port), timeout=5.0) as s:
-            s.sendall(b"FLUSHALL\r\n")
-            s.recv(16)
+        assert self.command("FLUSHALL") == b"+OK"
+
+    def dbsize(self) -> int:
+        """Number of keys stored."""
+        return int(self.command("DBSIZE").lstrip(b":"))
 
 
 @pytest.fixture(scope="session")

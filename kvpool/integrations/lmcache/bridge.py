@@ -17,7 +17,8 @@ no longer pinned         ``update_pinned_memory_objs_count(-1)``,
                          ``PinMonitor.on_unpin(obj)``
 forced unpin (kvpool's)  ``update_forced_unpin_count(1)``
 pool usage changed       ``update_local_cache_usage(bytes)``,
-                         ``update_active_memory_objs_count(n)``
+                         ``update_active_memory_objs_count(n)``, summed
+                         over every pool made since :func:`connect`
 =======================  ==================================================
 
 LMCache's ``PinMonitor`` exists once an engine made it from its config
@@ -30,6 +31,8 @@ as any other unpin, and it counts them itself.
 from __future__ import annotations
 
 import logging
+import threading
+import weakref
 from typing import Any
 
 __all__ = ["LMCacheMonitorBridge", "connect", "current_bridge"]
@@ -45,7 +48,8 @@ class LMCacheMonitorBridge:
     The LMCache singletons are looked up on every event (LMCache's tests
     destroy and re-create them), never cached.
 
-    Thread safety: stateless; LMCache's monitors take their own locks.
+    Thread safety: the per-pool usage table has a lock of its own; LMCache's
+    monitors take theirs.
     """
 
     def __init__(self) -> None:
@@ -54,6 +58,8 @@ class LMCacheMonitorBridge:
 
         self._stats_monitor = LMCStatsMonitor
         self._pin_monitor = PinMonitor
+        self._lock = threading.Lock()
+        self._usage: weakref.WeakKeyDictionary[Any, tuple[int, int]] = weakref.WeakKeyDictionary()
 
     def _lmcache_pin_monitor(self) -> Any:
         # GetOrCreate() without a config asserts while no engine made the
@@ -81,11 +87,18 @@ class LMCacheMonitorBridge:
         """kvpool's own monitor unpinned the overdue ``obj``."""
         self._stats_monitor.GetOrCreate().update_forced_unpin_count(1)
 
-    def on_usage(self, used_bytes: int, active_objects: int) -> None:
-        """A pool's usage changed: bytes held and live objects."""
+    def on_pool_usage(self, policy: Any) -> None:
+        """A pool's usage changed (called under its lock): push the totals."""
+        with self._lock:
+            if policy.closed:
+                self._usage.pop(policy, None)
+            else:
+                self._usage[policy] = (policy.total_allocated_size, policy.num_active_allocations)
+            used = sum(u for u, _ in self._usage.values())
+            active = sum(a for _, a in self._usage.values())
         stats = self._stats_monitor.GetOrCreate()
-        stats.update_local_cache_usage(used_bytes)
-        stats.update_active_memory_objs_count(active_objects)
+        stats.update_local_cache_usage(used)
+        stats.update_active_memory_objs_count(active)
 
 
 def current_bridge() -> LMCacheMonitorBridge | None:
@@ -97,17 +110,19 @@ def connect() -> LMCacheMonitorBridge:
     """Attach the bridge to kvpool's monitor (idempotent).
 
     kvpool's own pin-timeout thread is switched off: inside LMCache, its
-    ``PinMonitor`` enforces the engine's timeout.
+    ``PinMonitor`` enforces the engine's timeout.  Pools made from now on
+    report their usage to the bridge.
 
     Returns:
         The bridge.
     """
     global _bridge
-    from kvpool.pool.monitor import PinMonitor
+    from kvpool.pool.monitor import PinMonitor, set_usage_listener
 
     if _bridge is None:
         _bridge = LMCacheMonitorBridge()
     monitor = PinMonitor.GetOrCreate()
     monitor.add_listener(_bridge)
     monitor.configure(enabled=False)
+    set_usage_listener(_bridge.on_pool_usage)
     return _bridge
