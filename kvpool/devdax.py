@@ -539,6 +539,12 @@ class DevDaxMemoryAllocator(MemoryAllocatorInterface):
         if self.local_allocator is not None:
             self.local_allocator.close()
 
+    def __enter__(self) -> DevDaxMemoryAllocator:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
     def __del__(self) -> None:
         # A backstop only: close() is the contract.
         if not getattr(self, "_closed", True):
