@@ -7,7 +7,9 @@ Contracts (the README's Contracts section says the same for users):
   so a late call on an old handle can never act on memory that now belongs
   to someone else.  Counting calls on a dead handle (``ref_count_down``,
   ``unpin``...) are reported (see :mod:`kvpool.misuse`) and do nothing;
-  views of a dead handle (``byte_array``, ``data_ptr``) raise
+  after the pool was closed they do nothing quietly (closing ended every
+  object's life; a caller that closes first and drops its references after
+  is not misusing anything); views of a dead handle (``byte_array``, ``data_ptr``) raise
   :class:`~kvpool.errors.InvalidHandleError`; ``tensor`` returns ``None``
   with a warning, as in the reference API.
 * **Counts never free twice.**  Memory goes back to the pool only on the
