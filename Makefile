@@ -2,7 +2,9 @@
 #
 #   make            build libpinmem and its cffi module into kvpool/native/
 #   make check      build and run libpinmem's C test program
-#   make test       install what a fresh machine lacks, build, make check, pytest
+#   make test       install what a fresh machine lacks, build, make check, pytest, make compat
+#   make compat     LMCache 0.5.6's own code on kvpool memory (tests/compat), in a
+#                   cached environment with lmcache over this interpreter's CPU torch
 #   make demo       run the main job: the capability report, then a verified put/get round trip
 #                   (installs kvpool and what it needs, no test extras, into $(PYTHON)'s
 #                   environment, which it names first; PYTHON=.venv/bin/python for a venv)
@@ -26,7 +28,7 @@ BUILD := libpinmem/build
 CFLAGS_TEST := -O2 -Wall -Wextra -Werror -std=gnu11 -pthread
 HEADERS := $(wildcard libpinmem/*.h)
 
-.PHONY: all lib check test deps demo-deps demo bench lint lint-tools wheel wheel-tools clean fake-cudart
+.PHONY: all lib check test compat deps demo-deps demo bench lint lint-tools wheel wheel-tools clean fake-cudart
 
 all: lib
 
@@ -55,6 +57,15 @@ deps:
 
 test: deps lib check fake-cudart
 	$(PYTHON) -m pytest tests
+	$(MAKE) compat PYTHON=$(PYTHON)
+
+# The environment is built once per requirements file, interpreter and torch,
+# under $$KVPOOL_COMPAT_CACHE (default ~/.cache/kvpool); every package goes in
+# with --no-deps, so no CUDA torch is ever pulled in.
+compat: lib
+	@compat_python=$$($(PYTHON) tests/compat/make_venv.py) && \
+	echo "compat: $$compat_python" && \
+	KVPOOL_REQUIRE_LMCACHE=1 $$compat_python -m pytest tests/compat
 
 # Only what the demo needs: torch (the CPU build, pinned as for deps) and
 # kvpool with its dependencies.

@@ -6,6 +6,8 @@ Everything declarative lives in pyproject.toml.  This file only adds:
   so ``pip install .`` from a clean clone compiles ``libpinmem.so`` and
   writes ``_pinmem_ffi.py`` into the package (into the source tree for
   editable installs, into the build directory otherwise);
+* ``kvpool-lmcache.pth`` at the root of the installed packages: the start-up
+  hook of ``KVPOOL_LMCACHE=1`` (see ``kvpool_lmcache_hook.py``);
 * a platform-specific wheel (it carries a .so) tagged ``py3-none-<platform>``:
   the library is loaded with cffi's ABI mode, so it does not depend on the
   Python version.  ``make wheel`` then has ``auditwheel`` check that the
@@ -25,6 +27,7 @@ from setuptools.command.build_py import build_py
 from setuptools.dist import Distribution
 
 ROOT = Path(__file__).resolve().parent
+PTH = "kvpool-lmcache.pth"
 
 
 def _native_build():
@@ -48,6 +51,8 @@ class BuildPyWithNative(build_py):
         if getattr(self, "editable_mode", False):
             build_dir = ROOT / "libpinmem" / "build"
         native.build(out, build_dir, verbose=bool(self.verbose))
+        if not getattr(self, "editable_mode", False):
+            self.copy_file(str(ROOT / PTH), os.path.join(self.build_lib, PTH))
 
     def get_outputs(self, include_bytecode: bool = True) -> list[str]:
         outputs = list(super().get_outputs(include_bytecode))
@@ -56,6 +61,7 @@ class BuildPyWithNative(build_py):
                 path = os.path.join(self.build_lib, "kvpool", "native", name)
                 if path not in outputs:
                     outputs.append(path)
+            outputs.append(os.path.join(self.build_lib, PTH))
         return outputs
 
 

@@ -10,6 +10,7 @@ memory-management module, so code written against it works with
 from kvpool.errors import (
     AddressSpaceExhaustedError,
     ArgumentTypeError,
+    BatchSizeError,
     FeatureUnavailableError,
     GroupIndexError,
     HugePagesExhaustedError,
@@ -30,6 +31,15 @@ from kvpool.errors import (
     ViewsOutliveHandleError,
 )
 from kvpool.formats import MemoryFormat, get_size_bytes
+from kvpool.helpers import (
+    PinnedAllocFree,
+    _allocate_gpu_memory,
+    _get_cached_ubyte_array_type,
+    _resolve_pinned_alloc_free,
+    align_to,
+    get_numa_id,
+    synchronized,
+)
 from kvpool.misuse import set_strict_mode, strict_mode
 from kvpool.native.numa import NUMAMapping
 from kvpool.native.spec import HostSpec
@@ -69,6 +79,12 @@ _NATIVE_NAMES = {
     "attach_shm": "kvpool.native.buffer",
     "unlink_shm": "kvpool.native.buffer",
     "capabilities": "kvpool.native.machine",
+    "DevDaxArenaState": "kvpool.devdax",
+    "DevDaxArenaStatus": "kvpool.devdax",
+    "DevDaxBacking": "kvpool.pool.devdax",
+    "DevDaxMemoryAllocator": "kvpool.devdax",
+    "DevDaxNotMappedError": "kvpool.devdax",
+    "DevDaxRemoveMode": "kvpool.devdax",
 }
 
 
@@ -99,9 +115,16 @@ __all__ = [
     "AdHocMemoryAllocator",
     "AddressManager",
     "AddressSpaceExhaustedError",
+    "BatchSizeError",
     "BufferAllocator",
     "BytesBufferMemoryObj",
     "CuFileMemoryAllocator",
+    "DevDaxArenaState",
+    "DevDaxArenaStatus",
+    "DevDaxBacking",
+    "DevDaxMemoryAllocator",
+    "DevDaxNotMappedError",
+    "DevDaxRemoveMode",
     "FeatureUnavailableError",
     "FreeBlock",
     "GDSMemoryObject",
@@ -129,6 +152,7 @@ __all__ = [
     "PagedTensorMemoryAllocator",
     "PinMemoryAllocator",
     "PinMonitor",
+    "PinnedAllocFree",
     "PinnedReport",
     "PoolClosedError",
     "PoolStats",
@@ -140,14 +164,20 @@ __all__ = [
     "TensorMemoryObj",
     "XPUMemoryAllocator",
     "_allocate_cpu_memory",
+    "_allocate_gpu_memory",
     "_free_cpu_memory",
+    "_get_cached_ubyte_array_type",
     "_read_hugepage_info",
+    "_resolve_pinned_alloc_free",
+    "align_to",
     "allocate_host",
     "attach_pool",
     "attach_shm",
     "capabilities",
+    "get_numa_id",
     "get_size_bytes",
     "set_strict_mode",
     "strict_mode",
+    "synchronized",
     "unlink_shm",
 ]

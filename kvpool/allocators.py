@@ -142,8 +142,9 @@ class MixedMemoryAllocator(IndexedPool):
         size: bytes of pinned memory, > 0.
         use_paging: paged placement (needs ``shapes``, ``dtypes``, ``fmt``).
         use_hugepages: require 2 MiB hugepages (an actionable error when the
-            pool is short).  Without it the pool still uses hugepages when
-            enough are free (``KVPOOL_HUGEPAGES=never`` turns that off).
+            pool is short).  Without it the pool uses 4 KiB pages, leaving
+            the hugepages to pools that ask (``KVPOOL_HUGEPAGES=auto`` lets
+            it take them when enough are free).
         **kwargs: ``numa_mapping`` (a :class:`NUMAMapping`: bind to the
             current GPU's node, or the calling CPU's node without GPUs),
             ``numa_node`` (bind to this node, overriding ``numa_mapping``),
@@ -438,6 +439,16 @@ class AdHocMemoryAllocator(MemoryAllocatorInterface):
     ) -> None:
         """Nothing to do: the tensors are garbage-collected."""
 
+    def ref_count_up(self, memory_obj: MemoryObj) -> None:
+        """No-op, as in the reference (this allocator counts nothing)."""
+
+    def ref_count_down(self, memory_obj: MemoryObj) -> None:
+        """No-op, as in the reference (this allocator counts nothing)."""
+
+    def get_ref_count(self, memory_obj: MemoryObj) -> int:
+        """Always 0, as in the reference (this allocator counts nothing)."""
+        return 0
+
     def __str__(self) -> str:
         return "AdHocMemoryAllocator"
 
@@ -448,11 +459,20 @@ class PagedCpuGpuMemoryAllocator(MemoryAllocatorInterface):
     Call :meth:`init_cpu_memory_allocator` and/or
     :meth:`init_gpu_memory_allocator` first; ``allocator_type`` ("cpu" or
     "gpu") picks the pool.  Frees go to the pool the object came from.
+
+    Attributes:
+        cpu_buffer: the CPU pool's memory (None before
+            :meth:`init_cpu_memory_allocator`, empty after :meth:`close`).
+        cpu_size: its bytes (0 before and after).
+        cpu_numa_mapping: the NUMA mapping it was made with.
     """
 
     def __init__(self) -> None:
         self.cpu_pool: MemoryPool | None = None
         self.gpu_pool: MemoryPool | None = None
+        self.cpu_buffer: torch.Tensor | None = None
+        self.cpu_size = 0
+        self.cpu_numa_mapping: NUMAMapping | None = None
 
     def init_gpu_memory_allocator(
         self,
@@ -479,6 +499,9 @@ class PagedCpuGpuMemoryAllocator(MemoryAllocatorInterface):
         self.cpu_pool = MixedMemoryAllocator(
             size, use_paging=True, shapes=shapes, dtypes=dtypes, fmt=fmt, numa_mapping=numa_mapping
         )
+        self.cpu_buffer = self.cpu_pool.buffer
+        self.cpu_size = size
+        self.cpu_numa_mapping = numa_mapping
 
     @property
     def gpu_allocator(self) -> PagedTensorMemoryAllocator:
@@ -512,7 +535,7 @@ class PagedCpuGpuMemoryAllocator(MemoryAllocatorInterface):
         if allocator_type is not None:
             self._pool(allocator_type)  # validates the argument
         for pool in (self.cpu_pool, self.gpu_pool):
-            if pool is not None and getattr(obj, "parent_allocator", None) is pool.allocator:
+            if pool is not None and getattr(obj, "parent_allocator", None) is pool:
                 return pool
         raise InvalidHandleError(f"{obj!r} was not allocated by this PagedCpuGpuMemoryAllocator")
 
@@ -562,10 +585,14 @@ class PagedCpuGpuMemoryAllocator(MemoryAllocatorInterface):
         return all(p.memcheck() for p in (self.cpu_pool, self.gpu_pool) if p is not None)
 
     def close(self) -> None:
-        """Close both pools (idempotent)."""
+        """Close both pools (idempotent); ``cpu_buffer`` becomes empty, ``cpu_size`` 0."""
         for pool in (self.cpu_pool, self.gpu_pool):
             if pool is not None:
                 pool.close()
+        if self.cpu_buffer is not None:
+            self.cpu_buffer = torch.empty(0, dtype=torch.uint8)
+            self.cpu_size = 0
+            self.cpu_numa_mapping = None
 
     def __str__(self) -> str:
         return "PDMemoryAllocator"

@@ -14,9 +14,10 @@ import operator
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from kvpool.errors import ArgumentTypeError, InvalidArgumentError
+from kvpool.errors import ArgumentTypeError, BatchSizeError, InvalidArgumentError
 
 __all__ = [
+    "check_batch_size",
     "check_bool",
     "check_keywords",
     "check_choice",
@@ -174,3 +175,19 @@ def check_keywords(owner: str, given: Mapping[str, Any], known: Collection[str])
             f"{owner} got an unexpected keyword argument {name!r}{hint} "
             f"(accepted: {', '.join(sorted(known))})"
         )
+
+
+def check_batch_size(batch_size: object) -> int:
+    """Return ``batch_size`` if it is an int >= 0 (the count of a batched call).
+
+    Raises:
+        BatchSizeError: not an int, or negative (an ``InvalidArgumentError``
+            that is also a ``RuntimeError``, which is what LMCache raises).
+    """
+    if batch_size.__class__ is not int and (
+        isinstance(batch_size, bool) or not isinstance(batch_size, int)
+    ):
+        raise BatchSizeError(f"batch_size must be an int, got {batch_size!r}")
+    if batch_size < 0:  # type: ignore[operator]
+        raise BatchSizeError(f"batch_size must be non-negative (>= 0), got {batch_size}")
+    return batch_size  # type: ignore[return-value]

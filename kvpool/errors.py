@@ -16,6 +16,7 @@ __all__ = [
     "InheritedAcrossForkError",
     "MemoryLimitError",
     "ViewsOutliveHandleError",
+    "BatchSizeError",
     "CorruptEntryError",
     "FeatureUnavailableError",
     "GroupIndexError",
@@ -52,6 +53,14 @@ class ArgumentTypeError(InvalidArgumentError, TypeError):
 
 class GroupIndexError(InvalidArgumentError, IndexError):
     """A group index names no group of a memory object (also an ``IndexError``)."""
+
+
+class BatchSizeError(InvalidArgumentError, RuntimeError):
+    """A batch size that is not an int >= 0.
+
+    Also a ``RuntimeError``, which is what LMCache's address manager raises
+    for a negative batch size (its callers catch that).
+    """
 
 
 class InvalidHandleError(KVPoolError, ValueError):

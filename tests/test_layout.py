@@ -26,6 +26,8 @@ LAYER_RANK = {
     "kvpool.native.machine": 1,
     "kvpool.pool": 2,
     "kvpool.allocators": 3,
+    "kvpool.devdax": 3,
+    "kvpool.helpers": 3,
     "kvpool.remote": 4,
     "kvpool.metrics": 5,
     "kvpool.integrations": 5,

@@ -77,6 +77,10 @@ def _name(value: object) -> bytes:
         )
     if "\0" in value:
         raise errors.InvalidArgumentError(f"shared-memory name {value!r} contains a NUL character")
+    if value and not value.startswith("/"):
+        # As Python's multiprocessing.shared_memory does: "name" is "/name"
+        # (LMCache names its segments lmcache_l1_pool_<pid>).
+        value = "/" + value
     return value.encode("utf-8", "surrogateescape")
 
 
@@ -271,7 +275,8 @@ def shm_size(name: str) -> int:
 def shm_name_check(name: str) -> None:
     """Raise InvalidArgumentError unless name is a valid segment name.
 
-    The rule: '/' followed by 1..255 bytes (NAME_MAX), none of them '/'.
+    The rule: '/' followed by 1..255 bytes (NAME_MAX), none of them '/'; a
+    name without the leading '/' gets one (``"kv"`` is ``"/kv"``).
     """
     check(lib.pinmem_shm_name_check(_name(name)), f"shared-memory name {name!r}")
 

@@ -110,7 +110,8 @@ def resolve_numa_node(
     """The node a pool built with ``mapping`` should bind its memory to.
 
     Args:
-        mapping: a :class:`NUMAMapping`, or None (no binding).
+        mapping: a :class:`NUMAMapping` (or any object with a
+            ``gpu_to_numa_mapping`` dict, such as LMCache's), or None.
         nodes: returns the machine's NUMA nodes (parameter for tests).
         current_gpu: returns the current GPU index or None without GPUs.
         current_node: returns the calling CPU's node (parameter for tests).
@@ -120,17 +121,22 @@ def resolve_numa_node(
         calling CPU's node when none does.
 
     Raises:
-        InvalidArgumentError: not a NUMAMapping, or the current GPU is not
-            in it.
+        InvalidArgumentError: not a mapping, or the current GPU is not in it.
         NumaNodeError: the mapping names a node this machine lacks; the
             message lists the real ones.
     """
     if mapping is None:
         return None
     if not isinstance(mapping, NUMAMapping):
-        raise InvalidArgumentError(
-            f"numa_mapping must be a kvpool.NUMAMapping, got {type(mapping).__name__}"
-        )
+        # Another project's mapping of the same shape (LMCache's) is
+        # validated like ours.
+        table = getattr(mapping, "gpu_to_numa_mapping", None)
+        if not isinstance(table, dict):
+            raise InvalidArgumentError(
+                "numa_mapping must be a kvpool.NUMAMapping (or have a gpu_to_numa_mapping "
+                f"dict), got {type(mapping).__name__}"
+            )
+        mapping = NUMAMapping(dict(table))
     if nodes is None or current_node is None:
         import kvpool.native.machine as system
 

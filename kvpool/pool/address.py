@@ -44,6 +44,7 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from kvpool.checks import check_batch_size as _check_batch_size
 from kvpool.checks import check_int, check_optional_int, check_power_of_two, check_size
 from kvpool.errors import AddressSpaceExhaustedError, InvalidArgumentError, InvalidHandleError
 from kvpool.pool.size_classes import EXACT_LIMIT as _EXACT_LIMIT
@@ -260,8 +261,8 @@ class AddressManager:
     def _exhausted(self, size: int, aligned: int, count: int = 1) -> AddressSpaceExhaustedError:
         what = f"{size} bytes ({aligned} aligned)" if count == 1 else f"{count} x {aligned} bytes"
         return AddressSpaceExhaustedError(
-            f"cannot allocate {what}: no free range that large "
-            f"(free {self._size - self.total_allocated_size} of {self._size} bytes in "
+            f"cannot allocate {what} because no memory is available in a free range that "
+            f"large (free {self._size - self.total_allocated_size} of {self._size} bytes in "
             f"{self._num_free_blocks()} blocks); free objects or grow the pool"
         )
 
@@ -281,16 +282,13 @@ class AddressManager:
             ``batch_size`` tuples ``(address, aligned_size)``.
 
         Raises:
-            InvalidArgumentError: bad ``size`` or negative ``batch_size``.
+            InvalidArgumentError: bad ``size`` (BatchSizeError: bad ``batch_size``).
             AddressSpaceExhaustedError: the free space cannot hold the batch.
 
         Complexity: O(batch_size) when one block suffices, else
         O(batch_size + free blocks).
         """
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int):
-            raise InvalidArgumentError(f"batch_size must be an int, got {batch_size!r}")
-        if batch_size < 0:
-            raise InvalidArgumentError(f"batch_size must be >= 0, got {batch_size}")
+        _check_batch_size(batch_size)
         if size.__class__ is not int or size <= 0:
             size = check_size("size", size)
         if batch_size == 0:

@@ -40,25 +40,28 @@ __all__ = [
 _EMPTY = torch.empty(0, dtype=torch.uint8)
 
 #: Environment variable with the hugepage policy of pools that do not ask
-#: for hugepages: "auto" (default: 2 MiB pages when enough are free),
-#: "never", "thp".
+#: for hugepages: "never" (default), "auto" (2 MiB pages when enough are
+#: free), "thp".
 HUGEPAGES_ENV = "KVPOOL_HUGEPAGES"
 
 
 def default_hugepages() -> str:
     """Hugepage policy for pools that were not asked for hugepages.
 
-    Returns ``$KVPOOL_HUGEPAGES`` when it is "auto", "never" or "thp", else
-    "auto": use 2 MiB pages when the pool has enough free ones (a 4 GiB
-    pool then becomes ready several times faster), 4 KiB pages otherwise.
+    Returns ``$KVPOOL_HUGEPAGES`` when it is "never", "auto" or "thp", else
+    "never".  The default leaves the hugepage pool to the pools that ask
+    for it (``use_hugepages=True``): were pools that did not ask to take free
+    2 MiB pages, a pool that needs them could find none left.
+    ``KVPOOL_HUGEPAGES=auto`` lets every pool use them when enough are free
+    (a 4 GiB pool then becomes ready several times faster).
 
     Raises:
         InvalidArgumentError: the variable holds anything else.
     """
-    value = os.environ.get(HUGEPAGES_ENV, "auto").strip().lower() or "auto"
+    value = os.environ.get(HUGEPAGES_ENV, "never").strip().lower() or "never"
     if value not in ("auto", "never", "thp"):
         raise InvalidArgumentError(
-            f"{HUGEPAGES_ENV}={value!r} is not one of 'auto', 'never', 'thp'"
+            f"{HUGEPAGES_ENV}={value!r} is not one of 'never', 'auto', 'thp'"
         )
     return value
 

@@ -63,11 +63,14 @@ class HandleOwner(Protocol):
         closed: True once the pool was closed, or in a forked child that
             inherited it; every handle of a closed pool is dead.
         base_address: address of byte 0 of the pool's memory.
+        outer: what the handles' ``parent()`` is: the allocator the caller
+            allocated from (the pool built on the policy, else the policy).
     """
 
     lock: Any
     closed: bool
     base_address: int
+    outer: Any
 
     def release_locked(self, handle: Any) -> None:
         """Give the memory of ``handle`` back; its last count just dropped.

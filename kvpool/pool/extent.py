@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from kvpool.checks import check_batch_size
 from kvpool.errors import InvalidArgumentError
 from kvpool.formats import MemoryFormat, normalize_layout
 from kvpool.pool.address import AddressManager
@@ -28,7 +29,6 @@ from kvpool.pool.objects import MemoryObj
 from kvpool.pool.policy import (
     PlacementPolicy,
     PlacementSpec,
-    check_batch_size,
     check_format,
     check_object_list,
     register_policy,
@@ -178,6 +178,8 @@ class TensorMemoryAllocator(PlacementPolicy):
             meta = MemoryObjMetadata(
                 shape_list[0], dtype_list[0], addr, phy, 1, 0, fmt, None, shape_list, dtype_list
             )
+            if self._usage is not None:
+                self._report_usage_locked()
             return new_pooled_handle(self, meta, addr, phy, nbytes)
         finally:
             lock.release()
@@ -223,6 +225,8 @@ class TensorMemoryAllocator(PlacementPolicy):
             )
             if ranges is None:
                 return None
+            if self._usage is not None:
+                self._report_usage_locked()
             return [
                 new_pooled_handle(
                     self,
@@ -250,11 +254,15 @@ class TensorMemoryAllocator(PlacementPolicy):
         if handle.lease is None:
             handle._raw = None
             self._am_free(handle.offset, handle.phy)
+            if self._usage is not None:
+                self._report_usage_locked()
         elif self._retire_locked(handle):
             self._report_views_outlive(handle)
 
     def _give_back_locked(self, lease: ViewLease) -> None:
         self._am_free(lease.offset, lease.phy)
+        if self._usage is not None:
+            self._report_usage_locked()
 
     def batched_free(
         self,
@@ -300,6 +308,8 @@ class TensorMemoryAllocator(PlacementPolicy):
                     viewed.append(obj)
             if ranges:
                 self.address_manager.batched_free_locked(ranges)
+                if self._usage is not None:
+                    self._report_usage_locked()
         finally:
             lock.release()
         # Reported once everything valid is freed (strict mode raises here).

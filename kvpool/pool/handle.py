@@ -15,11 +15,12 @@ from kvpool.errors import (
     GroupIndexError,
     InvalidArgumentError,
     InvalidHandleError,
+    PoolClosedError,
     RefCountError,
 )
 from kvpool.formats import MemoryFormat
 from kvpool.misuse import report
-from kvpool.pool.metadata import MemoryObjMetadata
+from kvpool.pool.metadata import MemoryObjMetadata, check_prefix_sums
 from kvpool.pool.monitor import PinMonitor
 from kvpool.pool.objects import MemoryObj
 
@@ -40,6 +41,12 @@ def _dead_view(obj: TensorMemoryObj, what: str) -> Exception:
 
 def _dead(obj: TensorMemoryObj, action: str) -> None:
     error = _dead_view(obj, action)
+    if type(error) is PoolClosedError:
+        # Closing a pool ends every object's life; users that close their
+        # allocator before dropping their references (LMCache's shut-down
+        # order) are not misusing anything, so this is not reported.
+        logger.debug("%s; ignored", error)
+        return
     report(type(error), f"{error}; the call was ignored")
 
 
@@ -63,10 +70,10 @@ class TensorMemoryObj(MemoryObj):
     # Slots without an underscore are the policy-facing fields of
     # kvpool.pool.contract.PooledHandle; the others are the handle's own.
     __slots__ = (
-        "_l1_manager",
         "_lock",
         "_mv",
         "_nbytes",
+        "_prefix",
         "_raw",
         "_size",
         "_used_size_override",
@@ -110,6 +117,7 @@ class TensorMemoryObj(MemoryObj):
         self._nbytes = metadata.get_size()
         self._size = self._nbytes
         self._used_size_override: int | None = None
+        self._prefix: list[int] | None = None
         self._raw: torch.Tensor | None = raw_data
         self._mv: memoryview | None = None
         self.lease: Any = None
@@ -137,7 +145,18 @@ class TensorMemoryObj(MemoryObj):
 
     @property
     def group_prefix_sum(self) -> list[int]:
-        """Byte offsets of the groups: ``[0, end of group 0, end of group 1, ...]``."""
+        """Byte offsets of the groups: ``[0, end of group 0, end of group 1, ...]``.
+
+        Assignable, as in the reference: a reader that received fewer
+        bytes than the layout holds (a partial chunk) sets ``[0, n]``, and
+        ``get_size()``, ``byte_array`` and ``tensor`` then cover ``n`` bytes.
+
+        Raises (on assignment):
+            InvalidArgumentError: not a list of non-decreasing ints starting
+                at 0 and ending at most at the physical size.
+        """
+        if self._prefix is not None:
+            return list(self._prefix)
         meta = self.record
         sums = [0]
         if meta.shapes is not None and meta.dtypes is not None:
@@ -146,6 +165,29 @@ class TensorMemoryObj(MemoryObj):
         else:
             sums.append(self._nbytes)
         return sums
+
+    @group_prefix_sum.setter
+    def group_prefix_sum(self, value: list[int]) -> None:
+        sums = check_prefix_sums(value, self.phy)
+        lock = self._lock
+        lock.acquire()
+        try:
+            self._prefix = sums
+            self._nbytes = sums[-1]
+            if self._used_size_override is None:
+                self._size = sums[-1]
+            self.dirty = True
+        finally:
+            lock.release()
+
+    def set_l1_manager(self, owner_tag: int) -> None:
+        """Record the L1 owner (see :meth:`MemoryObj.set_l1_manager`).
+
+        A handle with an owner is never recycled as is by a paged pool: its
+        next allocation gets a fresh handle with no owner.
+        """
+        super().set_l1_manager(owner_tag)
+        self.dirty = True
 
     def invalidate(self) -> None:
         """Mark the object invalid; later counting calls are ignored (reported)."""
@@ -612,8 +654,9 @@ def new_pooled_handle(
 
     Args:
         owner: the policy that placed the allocation (a
-            :class:`~kvpool.pool.contract.HandleOwner`); also the handle's
-            ``parent_allocator``.
+            :class:`~kvpool.pool.contract.HandleOwner`); the handle's
+            ``parent_allocator`` is its ``outer`` allocator (the pool built
+            on it, or the policy itself).
         meta: the handle's metadata (reference count 1).
         offset: byte offset of the allocation in the owner's memory.
         phy: bytes reserved (aligned).
@@ -626,7 +669,7 @@ def new_pooled_handle(
     obj = _new_obj(TensorMemoryObj)
     obj.record = meta
     obj.valid = True
-    obj.parent_allocator = owner
+    obj.parent_allocator = owner.outer
     obj.owner = owner
     obj._lock = owner.lock
     obj.offset = offset
@@ -635,6 +678,7 @@ def new_pooled_handle(
     obj._nbytes = nbytes
     obj._size = nbytes
     obj._used_size_override = None
+    obj._prefix = None
     obj._raw = None
     obj._mv = None
     obj.lease = None

@@ -11,6 +11,12 @@ current size returns None, as a full pool does.  Addresses never move.
 
 Closing mid-growth stops the thread after its current step, then releases
 everything; nothing leaks.
+
+The constructor is LMCache 0.5.6's, ``LazyMemoryAllocator(init_size,
+final_size, align_bytes, numa_mapping)``, and unlike LMCache's it works on
+machines without an accelerator (memory is then mlocked where allowed, else
+used unpinned).  As in LMCache, ``allocate``'s default format is
+``UNDEFINED``.
 """
 
 from __future__ import annotations
@@ -19,19 +25,21 @@ import logging
 import threading
 from typing import Any
 
+import torch
+
 from kvpool.checks import check_bool, check_int, check_keywords, check_size
-from kvpool.native.numa import NUMAMapping, resolve_numa_node
+from kvpool.formats import MemoryFormat
+from kvpool.native.numa import resolve_numa_node
 from kvpool.native.spec import HostSpec
 from kvpool.pool.address import AddressManager
 from kvpool.pool.backing import HostBacking, default_hugepages
+from kvpool.pool.objects import MemoryObj
 from kvpool.pool.policy import PlacementSpec
-from kvpool.pool.pools import MemoryPool, check_align_bytes
+from kvpool.pool.pools import TENSOR_FORMATS, MemoryPool, check_align_bytes
 
 __all__ = ["LazyMemoryAllocator"]
 
 logger = logging.getLogger("kvpool")
-
-_MiB = 1 << 20
 
 
 def _round_up(value: int, to: int) -> int:
@@ -39,45 +47,57 @@ def _round_up(value: int, to: int) -> int:
 
 
 class LazyMemoryAllocator(MemoryPool):
-    """Pinned extent pool that grows from ``init_size`` to ``size`` in the background.
+    """Pinned extent pool that grows from ``init_size`` to ``final_size`` in the background.
 
     Args:
-        size: final bytes of the pool, > 0.
-        init_size: bytes usable at once (default: min(size, 1 GiB)).
-        step_size: bytes added per growth step (default 256 MiB).
-        use_hugepages: require 2 MiB hugepages (else used when enough are free).
-        numa_mapping: bind to the node of the current GPU (calling CPU without GPUs).
+        init_size: bytes usable at once, in ``(0, final_size]``.
+        final_size: final bytes of the pool, > 0.
         align_bytes: alignment of objects (a power of two).
+        numa_mapping: bind to the node of the current GPU (calling CPU without
+            GPUs); a :class:`~kvpool.NUMAMapping` or LMCache's.
+        step_size: bytes added per growth step (default :attr:`COMMIT_SIZE`).
+        use_hugepages: require 2 MiB hugepages.
         byte_buffers: route ``BINARY_BUFFER`` to Python byte buffers.
         start: start growing now (else call :meth:`start_growth`).
 
-    Sizes are rounded up to the page size in use (4 KiB or 2 MiB).
+    Sizes are rounded up to the page size in use (4 KiB or 2 MiB); unlike
+    LMCache, which rounds both sizes up to :attr:`PIN_CHUNK_SIZE`, the pool
+    is exactly as large as asked.
 
     Raises:
         InvalidArgumentError: bad sizes.
         plus the errors of :func:`kvpool.native.buffer.allocate_host`.
     """
 
+    #: LMCache pins growth in pieces of this size; kvpool pins each step in
+    #: one commit (libpinmem splits CUDA registrations itself), so this is
+    #: kept for LMCache's API only.
+    PIN_CHUNK_SIZE = 1 << 26
+    #: The default growth step: the usable space grows by this much at a time.
+    COMMIT_SIZE = 1 << 30
+    #: Growth progress is logged (INFO) every this many bytes, and at the end.
+    LOG_INTERVAL = 10 << 30
+
     def __init__(
         self,
-        size: int,
-        init_size: int | None = None,
-        step_size: int = 256 * _MiB,
-        *,
-        use_hugepages: bool = False,
-        numa_mapping: NUMAMapping | None = None,
+        init_size: int,
+        final_size: int,
         align_bytes: int = AddressManager.ALIGN_BYTES,
+        numa_mapping: Any = None,
+        *,
+        step_size: int | None = None,
+        use_hugepages: bool = False,
         byte_buffers: bool = True,
         start: bool = True,
         **kwargs: Any,
     ) -> None:
         check_keywords("LazyMemoryAllocator()", kwargs, ())
-        check_size("size", size)
+        size = check_size("final_size", final_size)
+        if step_size is None:
+            step_size = self.COMMIT_SIZE
         check_size("step_size", step_size)
         check_align_bytes(align_bytes)
-        if init_size is None:
-            init_size = min(size, 1 << 30)
-        check_int("init_size", init_size, low=1, high=size, fix="0 < init_size <= size")
+        check_int("init_size", init_size, low=1, high=size, fix="0 < init_size <= final_size")
         # Reserved, not populated: the growth commits (populates and pins) it.
         spec = HostSpec(
             size,
@@ -112,6 +132,7 @@ class LazyMemoryAllocator(MemoryPool):
             backing,
             placement,
             byte_buffers=check_bool("byte_buffers", byte_buffers),
+            formats=TENSOR_FORMATS | {MemoryFormat.UNDEFINED},
             name="LazyMemoryAllocator",
         )
         if self._committed >= self._target:
@@ -131,6 +152,7 @@ class LazyMemoryAllocator(MemoryPool):
     def _grow(self) -> None:
         buffer = self.backing.buffer  # type: ignore[attr-defined]
         am = self.allocator.address_manager
+        logged = self._committed
         try:
             while self._committed < self._target and not self._stop.is_set():
                 step = min(self._step, self._target - self._committed)
@@ -139,11 +161,58 @@ class LazyMemoryAllocator(MemoryPool):
                 if usable > 0:
                     am.sbrk(usable)  # type: ignore[union-attr]
                 self._committed += step
+                done = self._committed >= self._target
+                if done or self._committed - logged >= self.LOG_INTERVAL:
+                    logger.info(
+                        "LazyMemoryAllocator: %d of %d MiB resident and pinned (%s)",
+                        self._committed >> 20,
+                        self._target >> 20,
+                        buffer.pinned,
+                    )
+                    logged = self._committed
         except BaseException as exc:  # reported by wait_ready / grown state
             self._error = exc
             logger.error("LazyMemoryAllocator growth stopped at %d bytes: %s", self._committed, exc)
         finally:
             self._done.set()
+
+    # -- LMCache's interface ---------------------------------------------
+
+    def allocate(
+        self,
+        shapes: torch.Size | list[torch.Size],
+        dtypes: torch.dtype | list[torch.dtype],
+        fmt: MemoryFormat = MemoryFormat.UNDEFINED,
+        allocator_type: str | None = None,
+    ) -> MemoryObj | None:
+        """Allocate one object (default format ``UNDEFINED``, as in LMCache).
+
+        Returns:
+            The object, or None while the grown space cannot hold it.
+        """
+        return super().allocate(shapes, dtypes, fmt, allocator_type)
+
+    def batched_allocate(
+        self,
+        shapes: torch.Size | list[torch.Size],
+        dtypes: torch.dtype | list[torch.dtype],
+        batch_size: int,
+        fmt: MemoryFormat = MemoryFormat.UNDEFINED,
+        allocator_type: str | None = None,
+    ) -> list[MemoryObj] | None:
+        """Allocate ``batch_size`` objects, all or nothing (default format ``UNDEFINED``)."""
+        return super().batched_allocate(shapes, dtypes, batch_size, fmt, allocator_type)
+
+    def get_underlying_buffer(self) -> torch.Tensor:
+        """The whole reserved range as a flat ``uint8`` tensor (for RDMA registration).
+
+        Only the first :attr:`usable_bytes` are handed out so far.
+        """
+        return self.buffer
+
+    def get_address_manager(self) -> AddressManager:
+        """The address manager; its heap size is the space grown so far."""
+        return self.allocator.address_manager  # type: ignore[no-any-return]
 
     @property
     def committed_bytes(self) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,7 +11,7 @@ import torch
 from kvpool.errors import InvalidArgumentError
 from kvpool.formats import MemoryFormat, get_size_bytes
 
-__all__ = ["MemoryObjMetadata"]
+__all__ = ["MemoryObjMetadata", "check_prefix_sums"]
 
 
 def _dtype_from_str(text: str) -> torch.dtype:
@@ -106,3 +107,24 @@ class MemoryObjMetadata:
         if self.dtype is None:
             raise InvalidArgumentError("metadata has no dtype, so it has no byte size")
         return self.shape.numel() * self.dtype.itemsize
+
+
+def check_prefix_sums(value: object, limit: int) -> list[int]:
+    """Validate group byte offsets ``[0, end of group 0, ...]`` ending at most at ``limit``.
+
+    Raises:
+        InvalidArgumentError: not non-decreasing ints from 0 to at most ``limit``.
+    """
+    sums = list(value) if isinstance(value, (list, tuple)) else []
+    if (
+        not sums
+        or any(isinstance(x, bool) or not isinstance(x, int) for x in sums)
+        or sums[0] != 0
+        or any(b < a for a, b in itertools.pairwise(sums))
+        or sums[-1] > limit
+    ):
+        raise InvalidArgumentError(
+            f"group_prefix_sum must be non-decreasing ints from 0 to at most the physical "
+            f"size {limit}, got {value!r}"
+        )
+    return sums

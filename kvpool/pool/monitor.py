@@ -8,7 +8,10 @@ monitoring is on; :meth:`PinMonitor.stop` leaves no thread behind.
 :class:`StatsMonitor` gathers :class:`~kvpool.pool.interface.PoolStats` from
 every open pool on demand.  Pools are not told about each allocation (no
 hot-path cost): the monitor asks them, and each answers from its own
-state under its own lock, so every figure is exact.
+state under its own lock, so every figure is exact.  A bridge that must
+push usage to another project's metrics sets a *usage listener*
+(:func:`set_usage_listener`); pools made afterwards call it, under their
+lock, after every allocation and free.
 """
 
 from __future__ import annotations
@@ -22,7 +25,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-__all__ = ["PinMonitor", "PinnedReport", "StatsMonitor", "live_pools", "register_pool"]
+__all__ = [
+    "PinMonitor",
+    "PinnedReport",
+    "StatsMonitor",
+    "live_pools",
+    "register_pool",
+    "set_usage_listener",
+    "usage_listener",
+]
 
 logger = logging.getLogger("kvpool")
 
@@ -48,14 +59,23 @@ class PinMonitor:
     Use the process-wide instance: ``PinMonitor.GetOrCreate()``.  Memory
     objects call :meth:`on_pin` and :meth:`on_unpin` themselves.
 
-    Configuration (:meth:`configure`): ``timeout`` seconds after which a
-    pinned object is reported (default 300), ``interval`` between checks
-    (default 10 s), ``force_unpin`` (default False: only report), and an
-    optional ``on_timeout`` callback receiving each :class:`PinnedReport`.
+    Configuration (:meth:`configure`, or an LMCache engine config given to
+    :meth:`GetOrCreate`): ``timeout`` seconds after which a pinned object is
+    reported (default 300), ``interval`` between checks (default 10 s),
+    ``force_unpin`` (default True, as in LMCache: an overdue object loses its
+    pins, which frees it if nothing references it; False only reports), and
+    an optional ``on_timeout`` callback receiving each :class:`PinnedReport`.
+    Forced unpins are counted by :class:`StatsMonitor`.
+
+    Listeners (:meth:`add_listener`) hear of every recorded pin, unpin and
+    forced unpin; a bridge uses them to report kvpool objects to another
+    project's monitors (see :mod:`kvpool.integrations.lmcache`).
 
     Thread safety: all methods may be called from any thread.  The
     background thread is started by the first pin (while monitoring is
-    enabled) and exits on its own once nothing is pinned.
+    enabled) and exits on its own once nothing is pinned.  Listeners are
+    called outside the monitor's lock, possibly under the pool's lock of
+    the object, so they must not call back into that pool.
     """
 
     _instance: ClassVar[PinMonitor | None] = None
@@ -65,7 +85,7 @@ class PinMonitor:
         self,
         timeout: float = 300.0,
         interval: float = 10.0,
-        force_unpin: bool = False,
+        force_unpin: bool = True,
         on_timeout: Callable[[PinnedReport], None] | None = None,
         enabled: bool = True,
     ) -> None:
@@ -79,16 +99,33 @@ class PinMonitor:
         self.force_unpin = force_unpin
         self.on_timeout = on_timeout
         self.enabled = enabled
+        self._listeners: tuple[Any, ...] = ()
 
     @classmethod
-    def GetOrCreate(cls) -> PinMonitor:
-        """Return the process-wide monitor, creating it on first use."""
+    def GetOrCreate(cls, config: Any = None, metadata: Any = None) -> PinMonitor:
+        """Return the process-wide monitor, creating it on first use.
+
+        Args:
+            config: optional; an LMCache-style engine config whose
+                ``pin_timeout_sec`` and ``pin_check_interval_sec`` become the
+                monitor's timeout and interval (on every call that gives one).
+            metadata: accepted for LMCache's signature (it labels LMCache's
+                metrics); unused.
+
+        Raises:
+            ValueError: the config's timeout or interval is not a positive number.
+        """
         inst = cls._instance
         if inst is None:
             with cls._instance_lock:
                 if cls._instance is None:
                     cls._instance = cls()
                 inst = cls._instance
+        if config is not None:
+            inst.configure(
+                timeout=getattr(config, "pin_timeout_sec", None),
+                interval=getattr(config, "pin_check_interval_sec", None),
+            )
         return inst
 
     def configure(
@@ -129,41 +166,79 @@ class PinMonitor:
             self._cond.notify_all()
         self._ensure_thread()
 
+    # -- listeners --------------------------------------------------------
+
+    def add_listener(self, listener: Any) -> None:
+        """Tell ``listener`` of every pin event from now on (no-op if already added).
+
+        ``listener`` has ``on_pin(obj, first)`` (``first``: the pin that
+        made the object pinned), ``on_unpin(obj)`` (the object is no longer
+        pinned: last unpin, freed or its pool closed) and
+        ``on_forced_unpin(obj)`` (this monitor unpinned an overdue object).
+        """
+        with self._cond:
+            if listener not in self._listeners:
+                self._listeners = (*self._listeners, listener)
+
+    def remove_listener(self, listener: Any) -> None:
+        """Stop telling ``listener`` (no-op if it was not added)."""
+        with self._cond:
+            self._listeners = tuple(x for x in self._listeners if x is not listener)
+
     # -- events from memory objects -------------------------------------
 
     def on_pin(self, obj: Any) -> None:
         """Record a pin of ``obj`` (the first pin starts its clock)."""
         with self._cond:
             key = id(obj)
-            if key not in self._pinned:
+            first = key not in self._pinned
+            if first:
                 self._pinned[key] = (obj, time.monotonic())
+            listeners = self._listeners
+        for listener in listeners:
+            listener.on_pin(obj, first)
         self._ensure_thread()
 
     def on_unpin(self, obj: Any) -> None:
         """Record that ``obj`` is no longer pinned."""
         with self._cond:
             key = id(obj)
-            self._pinned.pop(key, None)
+            known = self._pinned.pop(key, None) is not None
             self._reported.discard(key)
             if not self._pinned:
                 self._cond.notify_all()  # lets the thread exit now
+            listeners = self._listeners if known else ()
+        for listener in listeners:
+            listener.on_unpin(obj)
 
     def forget_owner(self, owner: Any) -> int:
         """Forget every pinned object whose pool is ``owner`` (a closed pool).
+
+        The objects are dead with their pool, so their pin counts drop to 0:
+        a monitor that unpins "while pinned" (LMCache's) cannot loop on them.
 
         Returns:
             How many objects were forgotten.
         """
         with self._cond:
-            keys = [
-                k for k, (obj, _) in self._pinned.items() if getattr(obj, "owner", None) is owner
+            gone = [
+                (k, obj)
+                for k, (obj, _) in self._pinned.items()
+                if getattr(obj, "owner", None) is owner
             ]
-            for key in keys:
+            for key, obj in gone:
                 del self._pinned[key]
                 self._reported.discard(key)
+                meta = getattr(obj, "record", None)
+                if meta is not None:
+                    meta.pin_count = 0
             if not self._pinned:
                 self._cond.notify_all()
-        return len(keys)
+            listeners = self._listeners
+        for _, obj in gone:
+            for listener in listeners:
+                listener.on_unpin(obj)
+        return len(gone)
 
     # -- queries ----------------------------------------------------------
 
@@ -171,6 +246,10 @@ class PinMonitor:
         """Objects currently recorded as pinned."""
         with self._cond:
             return len(self._pinned)
+
+    def get_monitored_count(self) -> int:
+        """Objects currently recorded as pinned (LMCache's name)."""
+        return self.pinned_count()
 
     def overdue(self, timeout: float | None = None) -> list[PinnedReport]:
         """Objects pinned for longer than ``timeout`` (default: the configured one)."""
@@ -209,6 +288,9 @@ class PinMonitor:
                 if self.on_timeout is not None:
                     self.on_timeout(report)
             if self.force_unpin:
+                StatsMonitor.GetOrCreate()._count_forced_unpin()
+                for listener in self._listeners:
+                    listener.on_forced_unpin(report.obj)
                 for _ in range(max(report.pin_count, 1)):
                     if not report.obj.unpin():
                         break
@@ -276,6 +358,28 @@ class PinMonitor:
 
 _pools: weakref.WeakSet[Any] = weakref.WeakSet()
 _pools_lock = threading.Lock()
+_usage_listener: Callable[[Any], None] | None = None
+
+
+def set_usage_listener(listener: Callable[[Any], None] | None) -> Callable[[Any], None] | None:
+    """Have pools made from now on call ``listener(policy)`` when their usage changes.
+
+    The call comes under the pool's lock after every allocation and free, and
+    at close; ``policy`` offers ``closed``, ``total_allocated_size`` and
+    ``num_active_allocations``.
+    The listener must be quick and must not call back into the pool.
+
+    Returns:
+        The previous listener (None: there was none).
+    """
+    global _usage_listener
+    previous, _usage_listener = _usage_listener, listener
+    return previous
+
+
+def usage_listener() -> Callable[[Any], None] | None:
+    """The listener set by :func:`set_usage_listener`, or None."""
+    return _usage_listener
 
 
 def register_pool(pool: Any) -> None:
@@ -303,6 +407,20 @@ class StatsMonitor:
     _instance: ClassVar[StatsMonitor | None] = None
     _instance_lock: ClassVar[threading.Lock] = threading.Lock()
 
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._forced_unpins = 0
+
+    @property
+    def forced_unpin_count(self) -> int:
+        """Objects the :class:`PinMonitor` force-unpinned since the process started."""
+        with self._lock:
+            return self._forced_unpins
+
+    def _count_forced_unpin(self) -> None:
+        with self._lock:
+            self._forced_unpins += 1
+
     @classmethod
     def GetOrCreate(cls) -> StatsMonitor:
         """Return the process-wide monitor."""
@@ -318,7 +436,8 @@ class StatsMonitor:
         Returns:
             A dict with one entry per pool and a ``"total"`` entry summing
             bytes, objects and pins; the pinned-object count also comes
-            from the :class:`PinMonitor`.
+            from the :class:`PinMonitor`, and ``forced_unpins`` counts its
+            forced unpins.
         """
         out: dict[str, Any] = {}
         totals = {"total_bytes": 0, "used_bytes": 0, "active_objects": 0, "pinned_objects": 0}
@@ -331,5 +450,6 @@ class StatsMonitor:
             for key in totals:
                 totals[key] += getattr(stats, key)
         totals["pinned_in_monitor"] = PinMonitor.GetOrCreate().pinned_count()
+        totals["forced_unpins"] = self.forced_unpin_count
         out["total"] = totals
         return out

@@ -7,7 +7,9 @@ Contracts (the README's Contracts section says the same for users):
   so a late call on an old handle can never act on memory that now belongs
   to someone else.  Counting calls on a dead handle (``ref_count_down``,
   ``unpin``...) are reported (see :mod:`kvpool.misuse`) and do nothing;
-  views of a dead handle (``byte_array``, ``data_ptr``) raise
+  after the pool was closed they do nothing quietly (closing ended every
+  object's life; a caller that closes first and drops its references after
+  is not misusing anything); views of a dead handle (``byte_array``, ``data_ptr``) raise
   :class:`~kvpool.errors.InvalidHandleError`; ``tensor`` returns ``None``
   with a warning, as in the reference API.
 * **Counts never free twice.**  Memory goes back to the pool only on the
@@ -32,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from kvpool.errors import InvalidArgumentError
 from kvpool.formats import MemoryFormat
 from kvpool.pool.metadata import MemoryObjMetadata
 
@@ -42,15 +45,46 @@ __all__ = ["MemoryObj"]
 
 
 class MemoryObj(metaclass=abc.ABCMeta):
-    """Interface of a memory object (a handle on one allocation)."""
+    """Interface of a memory object (a handle on one allocation).
 
-    __slots__ = ()
+    Besides the abstract interface it carries one piece of bookkeeping for
+    its users: the *L1 owner tag* (:meth:`set_l1_manager`), the identity of
+    the process-local cache manager responsible for the object.
+    """
+
+    __slots__ = ("_l1_manager",)
 
     # Subclasses expose their data here (a tensor, bytes...).
     raw_data: Any
 
     def __init__(self, metadata: MemoryObjMetadata) -> None:
         self.meta = metadata
+
+    def set_l1_manager(self, owner_tag: int) -> None:
+        """Record which L1 manager is responsible for the object.
+
+        Args:
+            owner_tag: the manager's stable identity.
+
+        Raises:
+            InvalidArgumentError: the object already belongs to another
+                manager (a ``ValueError``, as in the reference).
+        """
+        current = getattr(self, "_l1_manager", None)
+        if current is not None and current != owner_tag:
+            raise InvalidArgumentError(
+                f"memory object already belongs to L1 manager {current!r}, not {owner_tag!r}; "
+                "reset_l1_manager() first if its previous life is over"
+            )
+        self._l1_manager = owner_tag
+
+    def get_l1_manager(self) -> int | None:
+        """The L1 manager responsible for the object, or None."""
+        return getattr(self, "_l1_manager", None)
+
+    def reset_l1_manager(self) -> None:
+        """Forget the L1 owner (when a recycled object starts a new life)."""
+        self._l1_manager = None
 
     @abc.abstractmethod
     def invalidate(self) -> None:

@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from kvpool.checks import check_batch_size
 from kvpool.errors import InvalidArgumentError
 from kvpool.formats import MemoryFormat, normalize_layout
 from kvpool.pool.arena import arena_from_tensor
@@ -48,7 +49,6 @@ from kvpool.pool.objects import MemoryObj
 from kvpool.pool.policy import (
     PlacementPolicy,
     PlacementSpec,
-    check_batch_size,
     check_format,
     check_object_list,
     register_policy,
@@ -194,6 +194,13 @@ class PagedTensorMemoryAllocator(PlacementPolicy):
             self._paged_buffers = torch.split(self.buffer, self.align_bytes)
         return self._paged_buffers
 
+    def get_paged_buffers(self) -> tuple[torch.Tensor, ...]:
+        """One flat tensor per page, in page order (e.g. io_uring fixed buffers).
+
+        Empty once the pool is closed.
+        """
+        return self.paged_buffers if not self.closed else ()
+
     def stats(self) -> PoolStats:
         """A consistent snapshot of the pool's accounting (see :class:`PoolStats`)."""
         lock = self.lock
@@ -324,6 +331,8 @@ class PagedTensorMemoryAllocator(PlacementPolicy):
                 del queue[:head]
                 head = 0
             self._head = head
+            if self._usage is not None:
+                self._report_usage_locked()
             # References to a recyclable handle: the local variable and
             # getrefcount's argument; page numbers are never recycled).
             if clean and obj.__class__ is _TMO and _getrefcount(obj) == 2 and not obj.dirty:  # type: ignore[union-attr]
@@ -369,6 +378,8 @@ class PagedTensorMemoryAllocator(PlacementPolicy):
                 if self._free_count() < batch_size:
                     return None
             out = self._take(batch_size)
+            if self._usage is not None:
+                self._report_usage_locked()
             if clean:
                 # Fast pass: recycle handles while they are unreachable and
                 # clean (references: the list, the loop variable and
@@ -407,6 +418,8 @@ class PagedTensorMemoryAllocator(PlacementPolicy):
         handle.valid = False
         if handle.lease is None:
             self._queue.append(handle)
+            if self._usage is not None:
+                self._report_usage_locked()
         elif self._retire_locked(handle):
             self._report_views_outlive(handle)
 
@@ -421,6 +434,8 @@ class PagedTensorMemoryAllocator(PlacementPolicy):
 
     def _give_back_locked(self, lease: ViewLease) -> None:
         self._queue.append(lease.page)
+        if self._usage is not None:
+            self._report_usage_locked()
 
     def batched_free(
         self,
@@ -476,6 +491,8 @@ class PagedTensorMemoryAllocator(PlacementPolicy):
                 raise
             # Handles with views: their pages wait for the views' leases.
             viewed = [obj for obj in viewed if self._retire_locked(obj)]
+            if self._usage is not None:
+                self._report_usage_locked()
         finally:
             lock.release()
         for obj in stale:

@@ -207,8 +207,8 @@ class GDSMemoryObject(MemoryObj):
         return self.valid
 
     def get_size(self) -> int:
-        """``meta.phy_size``."""
-        return self.meta.phy_size
+        """Bytes of the layout (``meta.get_size()``), as in LMCache 0.5.6."""
+        return self.meta.get_size()
 
     def get_shape(self) -> torch.Size:
         """``meta.shape``."""
@@ -219,12 +219,22 @@ class GDSMemoryObject(MemoryObj):
         return self.meta.dtype
 
     def get_shapes(self) -> list[torch.Size]:
-        """Not tracked on the GDS path."""
-        raise _gds_unsupported("get_shapes")
+        """``meta.shapes``, else ``[meta.shape]``."""
+        meta = self.meta
+        return list(meta.shapes) if meta.shapes is not None else [meta.shape]
 
     def get_dtypes(self) -> list[torch.dtype]:
-        """Not tracked on the GDS path."""
-        raise _gds_unsupported("get_dtypes")
+        """``meta.dtypes``, else ``[meta.dtype]``.
+
+        Raises:
+            InvalidArgumentError: the metadata has no dtype.
+        """
+        meta = self.meta
+        if meta.dtypes is not None:
+            return list(meta.dtypes)
+        if meta.dtype is None:
+            raise InvalidArgumentError("this GDS object's metadata has no dtype")
+        return [meta.dtype]
 
     def get_memory_format(self) -> MemoryFormat:
         """``meta.fmt``."""

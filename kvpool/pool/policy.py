@@ -64,7 +64,7 @@ from kvpool.pool.arena import Arena
 from kvpool.pool.handle import TensorMemoryObj
 from kvpool.pool.interface import MemoryAllocatorInterface
 from kvpool.pool.lease import ViewLease, open_device_lease, open_host_lease
-from kvpool.pool.monitor import PinMonitor
+from kvpool.pool.monitor import PinMonitor, usage_listener
 from kvpool.pool.objects import MemoryObj
 
 __all__ = [
@@ -104,21 +104,6 @@ def check_format(fmt: object) -> MemoryFormat:
         names = ", ".join(f.name for f in MemoryFormat)
         raise InvalidArgumentError(f"fmt must be a MemoryFormat ({names}), got {fmt!r}")
     return fmt  # type: ignore[return-value]
-
-
-def check_batch_size(batch_size: object) -> int:
-    """Validate a ``batch_size`` argument (an int >= 0).
-
-    Raises:
-        InvalidArgumentError: not an int, or negative.
-    """
-    if batch_size.__class__ is not int and (
-        isinstance(batch_size, bool) or not isinstance(batch_size, int)
-    ):
-        raise InvalidArgumentError(f"batch_size must be an int, got {batch_size!r}")
-    if batch_size < 0:  # type: ignore[operator]
-        raise InvalidArgumentError(f"batch_size must be >= 0, got {batch_size}")
-    return batch_size  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -240,6 +225,12 @@ class PlacementPolicy(MemoryAllocatorInterface):
         #: An object this policy keeps alive: the MemoryPool built on it, so
         #: that a live handle (which references its policy) keeps its pool.
         self.keep_alive: Any = None
+        #: What handles' parent() is (contract: HandleOwner): this policy, or
+        #: the pool built on it, which sets itself here (as in the reference,
+        #: where a Mixed or Host allocator, not its inner one, owns objects).
+        self.outer: Any = self
+        # Told of every change of usage (None: nobody asked; no cost).
+        self._usage: Any = usage_listener()
         self._pinned = 0
         # Handles whose __del__ found the lock taken, released later.
         self._dropped: deque[TensorMemoryObj] = deque()
@@ -255,6 +246,12 @@ class PlacementPolicy(MemoryAllocatorInterface):
         self._close_hooks: dict[int, Callable[[], None]] = {}
         self._next_hook = 0
         _live_policies.add(self)
+
+    def _report_usage_locked(self) -> None:
+        """Tell the usage listener, if any, that this pool's usage changed."""
+        listener = self._usage
+        if listener is not None:
+            listener(self)
 
     # -- hooks for the subclasses ----------------------------------------
 
@@ -391,6 +388,8 @@ class PlacementPolicy(MemoryAllocatorInterface):
         lock = self.lock
         lock.acquire()
         try:
+            if self.closed and self._closed_why == "closed":
+                return  # a closed pool ended every object's life: not misuse
             if not obj.valid or self.closed:
                 report(InvalidHandleError, f"free of an already freed object {obj!r}; ignored")
                 return
@@ -579,6 +578,8 @@ class PlacementPolicy(MemoryAllocatorInterface):
             self._forget_memory_locked()
             pinned = self._pinned
             hooks, self._close_hooks = list(self._close_hooks.values()), {}
+            if self._usage is not None:
+                self._report_usage_locked()  # a closed pool holds nothing
         finally:
             lock.release()
         if pinned and why == "closed":
@@ -594,6 +595,8 @@ class PlacementPolicy(MemoryAllocatorInterface):
             raise PoolClosedError(f"{what} on a closed {self}")
 
     def _report_already_freed(self, obj: object) -> None:
+        if self.closed and self._closed_why == "closed":
+            return  # a closed pool ended every object's life: not misuse
         report(InvalidHandleError, f"batched_free of an already freed object {obj!r}; skipped")
 
 

@@ -182,6 +182,7 @@ class MemoryPool(MemoryAllocatorInterface):
         # alive, so the garbage-collection backstop below never closes a
         # pool whose objects are still in use.
         policy.keep_alive = self
+        policy.outer = self
         self.buffer_allocator = BufferAllocator("cpu") if byte_buffers else None
         self._formats = frozenset(formats)
         self._name = name
@@ -208,6 +209,12 @@ class MemoryPool(MemoryAllocatorInterface):
     def closed(self) -> bool:
         """True once :meth:`close` ran (the policy's state: one flag, not two)."""
         return self.allocator.closed
+
+    def get_paged_buffers(self) -> tuple[torch.Tensor, ...] | None:
+        """One flat tensor per page for a paged pool (io_uring fixed buffers), else None."""
+        if self.allocator.kind == "paged":
+            return self.allocator.get_paged_buffers()
+        return None
 
     @property
     def num_active_allocations(self) -> int:

@@ -221,7 +221,8 @@ class IndexedPool(MemoryPool):
                 "publish needs a shared pool with an index: MixedMemoryAllocator(size, "
                 "shm_name='/name') without shm_index_slots=0"
             )
-        owner = getattr(memory_obj, "parent_allocator", None)
+        # The placing policy (contract field), not parent(): that is the pool.
+        owner = getattr(memory_obj, "owner", None)
         if memory_obj.__class__ is not TensorMemoryObj or owner is not self.allocator:
             raise InvalidHandleError(f"{memory_obj!r} was not allocated by this pool")
         if not memory_obj.is_valid():

@@ -341,7 +341,9 @@ def test_gds_object() -> None:
     meta = MemoryObjMetadata(torch.Size([2, 4, 16, 8]), torch.bfloat16, 1 << 20, 8192, 1)
     obj = GDSMemoryObject(meta)
     assert obj.slab_offset == 1 << 20 and obj.shm_offset == 1 << 20
-    assert obj.get_size() == obj.get_physical_size() == 8192
+    # As in LMCache 0.5.6: the layout's bytes, and the layout's shapes/dtypes.
+    assert obj.get_size() == 2048 and obj.get_physical_size() == 8192
+    assert obj.get_shapes() == [meta.shape] and obj.get_dtypes() == [torch.bfloat16]
     assert obj.get_shape() == meta.shape and obj.get_dtype() is torch.bfloat16
     assert obj.get_memory_format() is MemoryFormat.UNDEFINED
     assert obj.tensor is None and obj.raw_tensor is None and obj.get_tensor(0) is None
@@ -354,8 +356,6 @@ def test_gds_object() -> None:
 @pytest.mark.parametrize(
     "call",
     [
-        lambda o: o.get_shapes(),
-        lambda o: o.get_dtypes(),
         lambda o: o.ref_count_up(),
         lambda o: o.ref_count_down(),
         lambda o: o.get_ref_count(),

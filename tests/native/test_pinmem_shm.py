@@ -159,8 +159,8 @@ def test_creator_exiting_without_close_unlinks_at_exit(name, python, child_env) 
 @pytest.mark.parametrize(
     ("bad", "fragment"),
     [
-        ("noslash", "must start with '/'"),
         ("/a/b", "no '/' after the leading one"),
+        ("a/b", "no '/' after the leading one"),
         ("/", "at least one character"),
         ("/" + "x" * 256, "NAME_MAX"),
         ("", "must start with '/'"),
@@ -171,6 +171,23 @@ def test_bad_names_are_refused_with_the_rule(bad: str, fragment: str) -> None:
         allocate_host(MIB, shm_name=bad, pin="none")
     with pytest.raises(errors.InvalidArgumentError, match=fragment):
         attach_shm(bad)
+
+
+def test_a_name_without_the_leading_slash_gets_one() -> None:
+    # LMCache names its segments "lmcache_l1_pool_<pid>", as Python's
+    # multiprocessing.shared_memory allows.
+    name = f"kvpool-noslash-{uuid.uuid4().hex[:12]}"
+    try:
+        with allocate_host(MIB, shm_name=name, pin="none") as buf:
+            buf.memoryview()[:4] = b"kvpl"
+            assert os.path.exists(f"/dev/shm/{name}")
+            for alias in (name, "/" + name):
+                with attach_shm(alias) as other:
+                    assert bytes(other.memoryview()[:4]) == b"kvpl"
+        assert not os.path.exists(f"/dev/shm/{name}")
+    finally:
+        if os.path.exists(f"/dev/shm/{name}"):
+            os.unlink(f"/dev/shm/{name}")
 
 
 def test_name_type_and_nul_are_refused() -> None:

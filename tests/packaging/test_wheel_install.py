@@ -90,6 +90,8 @@ def test_wheel_is_manylinux_and_carries_the_library_and_license(dist: Path) -> N
         info = f"kvpool-{kvpool.__version__}.dist-info"
         shipped = {"kvpool/native/libpinmem.so", "kvpool/native/_pinmem_ffi.py", "kvpool/py.typed"}
         assert shipped <= names
+        # The KVPOOL_LMCACHE=1 start-up hook, at the root of site-packages.
+        assert {"kvpool-lmcache.pth", "kvpool_lmcache_hook.py"} <= names
         assert f"{info}/licenses/LICENSE" in names
         assert "Apache License" in zf.read(f"{info}/licenses/LICENSE").decode()
         metadata = zf.read(f"{info}/METADATA").decode()
@@ -143,3 +145,14 @@ def test_wheel_installs_in_a_fresh_venv_and_works_from_another_directory(
     info = _run([kvpool_script, "info"], cwd=elsewhere, env=env)
     assert info.returncode == 0, info.stderr
     assert "hugepages" in info.stdout.lower()
+    # The installed .pth arms the LMCache hook only when asked, importing nothing of kvpool.
+    probe = (
+        "import sys; print(any(type(f).__name__ == '_InstallOnFirstImport' for f in sys.meta_path),"
+        " 'kvpool' in sys.modules)"
+    )
+    for value, armed in (("1", "True False"), ("", "False False")):
+        hooked = _run(
+            [str(python), "-c", probe], cwd=elsewhere, env={**env, "KVPOOL_LMCACHE": value}
+        )
+        assert hooked.returncode == 0, hooked.stderr
+        assert hooked.stdout.strip() == armed

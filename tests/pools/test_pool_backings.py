@@ -209,6 +209,25 @@ def test_hugepages_with_shared_memory_is_a_clear_error(shm_name: str, mappings: 
 
 
 @pytest.mark.hugepages
+def test_pools_that_did_not_ask_leave_the_hugepages_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("KVPOOL_HUGEPAGES", raising=False)
+    with reserve_hugepages(4):
+        free_before = kvpool._read_hugepage_info()[1]
+        with (
+            kvpool.HostMemoryAllocator(2 * MIB) as pool,
+            kvpool.MixedMemoryAllocator(2 * MIB) as mixed,
+        ):
+            assert pool.describe()["hugepages"] == "none"
+            assert mixed.describe()["hugepages"] == "none"
+            assert kvpool._read_hugepage_info()[1] == free_before
+            # ... so a pool that asks still finds them.
+            with kvpool.MixedMemoryAllocator(2 * MIB, use_hugepages=True) as wanted:
+                assert wanted.describe()["hugepages"] == "hugetlb-2MiB"
+
+
+@pytest.mark.hugepages
 def test_auto_hugepages_are_used_when_free_and_never_turns_them_off(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

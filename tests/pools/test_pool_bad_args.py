@@ -84,8 +84,15 @@ def test_paged_layout_of_zero_bytes(cls) -> None:
 
 @pytest.mark.parametrize(
     "name",
-    ["noslash", "/a/b", "/", "", "/" + "x" * 256, "//x"],
-    ids=["no-slash", "inner-slash", "bare-slash", "empty", "too-long", "double-slash"],
+    ["a/b", "/a/b", "/", "", "/" + "x" * 256, "//x"],
+    ids=[
+        "no-leading-inner-slash",
+        "inner-slash",
+        "bare-slash",
+        "empty",
+        "too-long",
+        "double-slash",
+    ],
 )
 def test_bad_shm_names(name: str, mappings: int) -> None:
     with pytest.raises(kvpool.InvalidArgumentError) as info:
@@ -104,7 +111,7 @@ def test_shm_name_of_the_wrong_type(name: object) -> None:
 
 def test_attach_pool_bad_arguments(shm_name: str) -> None:
     with pytest.raises(kvpool.InvalidArgumentError):
-        kvpool.attach_pool("no-slash")
+        kvpool.attach_pool("no/inner-slash")
     with kvpool.MixedMemoryAllocator(MIB, shm_name=shm_name):
         for size in (0, -1, 1.5, True):
             with pytest.raises(kvpool.InvalidArgumentError):

@@ -32,14 +32,40 @@ def raw(n: int) -> tuple[torch.Size, torch.dtype]:
     return torch.Size([n]), torch.uint8
 
 
-def test_signature() -> None:
+def test_signature_is_lmcaches() -> None:
     params = list(inspect.signature(kvpool.LazyMemoryAllocator.__init__).parameters.values())[1:]
-    assert [(p.name, p.default) for p in params[:3]] == [
-        ("size", inspect.Parameter.empty),
-        ("init_size", None),
-        ("step_size", 256 * MIB),
+    assert [(p.name, p.default) for p in params[:4]] == [
+        ("init_size", inspect.Parameter.empty),
+        ("final_size", inspect.Parameter.empty),
+        ("align_bytes", 4096),
+        ("numa_mapping", None),
     ]
     assert issubclass(kvpool.LazyMemoryAllocator, kvpool.MemoryPool)
+    assert kvpool.LazyMemoryAllocator.PIN_CHUNK_SIZE == 64 * MIB
+    assert kvpool.LazyMemoryAllocator.COMMIT_SIZE == GIB
+    assert kvpool.LazyMemoryAllocator.LOG_INTERVAL == 10 * GIB
+    for method in ("allocate", "batched_allocate"):
+        fmt = inspect.signature(getattr(kvpool.LazyMemoryAllocator, method)).parameters["fmt"]
+        assert fmt.default is MemoryFormat.UNDEFINED
+
+
+def test_lmcache_calls_positional_and_gets_undefined_objects() -> None:
+    # As LMCache's L1 memory manager calls it: (init, final, align), then
+    # batched_allocate without a format.
+    with kvpool.LazyMemoryAllocator(2 * MIB, 4 * MIB, 4096) as pool:
+        objs = pool.batched_allocate([torch.Size([2, 4, 16, 32])], [torch.float16], 3)
+        assert objs is not None and len(objs) == 3
+        assert {o.get_memory_format() for o in objs} == {MemoryFormat.UNDEFINED}
+        assert all(o.parent() is pool for o in objs)
+        assert pool.get_underlying_buffer().numel() == 4 * MIB
+        assert pool.get_underlying_buffer().data_ptr() == pool.buffer.data_ptr()
+        am = pool.get_address_manager()
+        assert am is pool.allocator.address_manager
+        assert am.get_heap_size() in (2 * MIB, 4 * MIB)  # grown or not yet
+        pool.batched_free(objs)
+        one = pool.allocate(torch.Size([100]), torch.uint8)
+        assert one.get_memory_format() is MemoryFormat.UNDEFINED
+        one.ref_count_down()
 
 
 def test_allocations_beyond_the_current_size_wait_for_growth(
@@ -48,7 +74,7 @@ def test_allocations_beyond_the_current_size_wait_for_growth(
     # 4 KiB pages, so that the 1 MiB steps are not rounded up to 2 MiB
     # hugepages when the machine has free ones.
     monkeypatch.setenv("KVPOOL_HUGEPAGES", "never")
-    pool = kvpool.LazyMemoryAllocator(8 * MIB, init_size=MIB, step_size=MIB, start=False)
+    pool = kvpool.LazyMemoryAllocator(MIB, 8 * MIB, step_size=MIB, start=False)
     try:
         assert pool.usable_bytes == MIB
         assert pool.growing
@@ -77,7 +103,7 @@ def test_allocations_beyond_the_current_size_wait_for_growth(
 
 
 def test_grows_on_its_own_when_started() -> None:
-    with kvpool.LazyMemoryAllocator(16 * MIB, init_size=2 * MIB, step_size=2 * MIB) as pool:
+    with kvpool.LazyMemoryAllocator(2 * MIB, 16 * MIB, step_size=2 * MIB) as pool:
         assert pool.wait_ready(LIVENESS)
         assert pool.usable_bytes == 16 * MIB
         assert pool.allocate(*raw(15 * MIB), KV_FMT) is not None
@@ -85,7 +111,7 @@ def test_grows_on_its_own_when_started() -> None:
 
 
 def test_init_size_equal_to_size_is_ready_at_once() -> None:
-    with kvpool.LazyMemoryAllocator(4 * MIB, init_size=4 * MIB) as pool:
+    with kvpool.LazyMemoryAllocator(4 * MIB, 4 * MIB) as pool:
         assert not pool.growing
         assert pool.wait_ready(0)
         assert pool.usable_bytes == 4 * MIB
@@ -93,14 +119,14 @@ def test_init_size_equal_to_size_is_ready_at_once() -> None:
 
 
 def test_binary_buffers_go_to_byte_buffers() -> None:
-    with kvpool.LazyMemoryAllocator(4 * MIB, init_size=4 * MIB) as pool:
+    with kvpool.LazyMemoryAllocator(4 * MIB, 4 * MIB) as pool:
         obj = pool.allocate(torch.Size([10, 0, 0, 0]), torch.uint8, MemoryFormat.BINARY_BUFFER)
         assert isinstance(obj, kvpool.BytesBufferMemoryObj)
         assert pool.num_active_allocations == 0
 
 
 def test_close_mid_growth_leaks_nothing(mappings: int) -> None:
-    pool = kvpool.LazyMemoryAllocator(512 * MIB, init_size=4 * MIB, step_size=4 * MIB)
+    pool = kvpool.LazyMemoryAllocator(4 * MIB, 512 * MIB, step_size=4 * MIB)
     obj = pool.allocate(*raw(MIB), KV_FMT)
     assert obj is not None
     pool.close()
@@ -113,7 +139,7 @@ def test_close_mid_growth_leaks_nothing(mappings: int) -> None:
 
 
 def test_close_before_growth_starts(mappings: int) -> None:
-    pool = kvpool.LazyMemoryAllocator(64 * MIB, init_size=MIB, start=False)
+    pool = kvpool.LazyMemoryAllocator(MIB, 64 * MIB, start=False)
     pool.close()
     assert not threads_named(THREAD)
     del pool
@@ -121,7 +147,7 @@ def test_close_before_growth_starts(mappings: int) -> None:
 
 
 def test_dropped_while_growing_is_collected_after_growth(mappings: int) -> None:
-    pool = kvpool.LazyMemoryAllocator(32 * MIB, init_size=MIB, step_size=4 * MIB)
+    pool = kvpool.LazyMemoryAllocator(MIB, 32 * MIB, step_size=4 * MIB)
     del pool
     assert wait_for(lambda: not threads_named(THREAD), LIVENESS)
     assert count_mappings() == mappings
@@ -130,15 +156,15 @@ def test_dropped_while_growing_is_collected_after_growth(mappings: int) -> None:
 @pytest.mark.parametrize(
     "kwargs",
     [
-        {"size": 0},
-        {"size": -MIB},
-        {"size": 1.5},
-        {"size": MIB, "init_size": 0},
-        {"size": MIB, "init_size": 2 * MIB},
-        {"size": MIB, "init_size": "1"},
-        {"size": MIB, "step_size": 0},
-        {"size": MIB, "step_size": True},
-        {"size": MIB, "align_bytes": 3},
+        {"init_size": MIB, "final_size": 0},
+        {"init_size": MIB, "final_size": -MIB},
+        {"init_size": MIB, "final_size": 1.5},
+        {"final_size": MIB, "init_size": 0},
+        {"final_size": MIB, "init_size": 2 * MIB},
+        {"final_size": MIB, "init_size": "1"},
+        {"init_size": MIB, "final_size": MIB, "step_size": 0},
+        {"init_size": MIB, "final_size": MIB, "step_size": True},
+        {"init_size": MIB, "final_size": MIB, "align_bytes": 3},
     ],
     ids=lambda kw: ",".join(f"{k}={v!r}" for k, v in kw.items()),
 )
@@ -153,7 +179,7 @@ def test_bad_arguments(kwargs: dict[str, object], mappings: int) -> None:
 @pytest.mark.slow
 def test_grows_to_4_gib_while_another_thread_allocates_and_frees(mappings: int) -> None:
     size = 4 * GIB
-    pool = kvpool.LazyMemoryAllocator(size, init_size=64 * MIB, step_size=256 * MIB)
+    pool = kvpool.LazyMemoryAllocator(64 * MIB, size, step_size=256 * MIB)
     stop = threading.Event()
     seen_usable: list[int] = []
     errors: list[BaseException] = []

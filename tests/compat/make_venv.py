@@ -1,0 +1,124 @@
+"""Make, or reuse, the virtual environment the LMCache compatibility suite runs in.
+
+``python tests/compat/make_venv.py`` prints the path of a Python that sees
+this interpreter's packages (the local CPU torch, kvpool's test
+dependencies) plus LMCache and the packages its code imports, every one
+installed with ``--no-deps`` from ``requirements-lmc056.txt`` so that no
+CUDA torch is ever pulled in.
+
+The environment is cached under ``$KVPOOL_COMPAT_CACHE`` (default
+``~/.cache/kvpool``) in a folder named after a hash of the requirements
+file, this interpreter and its torch: a run with the same inputs reuses it,
+any change makes a new one.  A half-built environment (killed mid-install)
+is detected by its missing completion stamp and rebuilt; a file lock keeps
+two concurrent runs from building the same one.
+
+Options: ``--cache DIR``, ``--requirements FILE``, ``--rebuild``.
+Exit status 0 on success; on failure the pip output is shown and the
+status is non-zero.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REQUIREMENTS = HERE / "requirements-lmc056.txt"
+STAMP = ".kvpool-compat-complete"
+
+# Run inside the new environment: LMCache is there, and torch is the base
+# interpreter's (no torch distribution inside the environment).
+CHECK = r"""
+import importlib.metadata as md, pathlib, sys, sysconfig
+import torch
+own = pathlib.Path(sysconfig.get_paths()["purelib"]).resolve()
+where = pathlib.Path(torch.__file__).resolve()
+if own in where.parents:
+    sys.exit(f"torch was installed into the compat environment ({where}), not taken from the base")
+print("lmcache", md.version("lmcache"), "over torch", torch.__version__, "from", where.parent)
+"""
+
+
+def cache_root(arg: str | None) -> Path:
+    """The folder that holds the cached environments."""
+    if arg:
+        return Path(arg).expanduser()
+    env = os.environ.get("KVPOOL_COMPAT_CACHE")
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "kvpool"
+
+
+def environment_key(requirements: Path) -> str:
+    """A hash of everything the environment depends on."""
+    import torch
+
+    digest = hashlib.sha256()
+    digest.update(requirements.read_bytes())
+    digest.update(os.path.realpath(sys.executable).encode())
+    digest.update(sys.version.encode())
+    digest.update(torch.__version__.encode())
+    return digest.hexdigest()[:16]
+
+
+def run(cmd: list[str]) -> None:
+    """Run ``cmd``; on failure show its output and exit non-zero."""
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stdout + proc.stderr)
+        sys.exit(f"make_venv: {' '.join(cmd)} failed with status {proc.returncode}")
+
+
+def build(venv: Path, requirements: Path) -> None:
+    """Create the environment at ``venv`` and install the requirements."""
+    if venv.exists():
+        shutil.rmtree(venv)
+    run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)])
+    python = str(venv / "bin" / "python")
+    run(
+        [
+            python,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--disable-pip-version-check",
+            "-r",
+            str(requirements),
+        ]
+    )
+    run([python, "-c", CHECK])
+    (venv / STAMP).write_text("ok\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the compat environment's python, building it first if needed."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cache", help="folder of the cached environments")
+    parser.add_argument("--requirements", default=str(REQUIREMENTS))
+    parser.add_argument("--rebuild", action="store_true", help="rebuild even if cached")
+    args = parser.parse_args(argv)
+    requirements = Path(args.requirements).resolve()
+    root = cache_root(args.cache)
+    root.mkdir(parents=True, exist_ok=True)
+    venv = root / f"lmc056-{environment_key(requirements)}"
+    with open(root / f"{venv.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if args.rebuild or not (venv / STAMP).is_file():
+            print(f"make_venv: building {venv}", file=sys.stderr)
+            build(venv, requirements)
+    print(venv / "bin" / "python")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
