@@ -14,6 +14,7 @@ __all__ = [
     "AddressSpaceExhaustedError",
     "ArgumentTypeError",
     "InheritedAcrossForkError",
+    "MemlockLimitError",
     "MemoryLimitError",
     "ViewsOutliveHandleError",
     "BatchSizeError",
@@ -149,6 +150,14 @@ class SharedMemoryNotFoundError(KVPoolError, FileNotFoundError):
 
 class FeatureUnavailableError(KVPoolError, OSError):
     """A feature this machine lacks (CUDA, hugepages, NUMA...) was required."""
+
+
+class MemlockLimitError(MemoryLimitError, FeatureUnavailableError):
+    """Locking (pin="mlock") would exceed RLIMIT_MEMLOCK.
+
+    Also a :class:`FeatureUnavailableError` (an ``OSError``), what a refused
+    mlock raised before the limit was checked in advance.
+    """
 
 
 class NativeError(KVPoolError, OSError):

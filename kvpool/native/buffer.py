@@ -33,6 +33,22 @@ Incremental commit:
     The mapping never moves.  ``committed_bytes`` and ``pinned_bytes`` say
     how far it got; ``pinned`` names a pinning only once all of it is.
 
+Limits checked first:
+    Before a mapping is populated or pinned, and before each commit, the
+    room left under every limit on this process (memory cgroup levels,
+    available RAM, the memlock limit for pin="mlock"; the hugetlb cgroup
+    instead of the first two for hugetlb pages, which are charged apart --
+    see :mod:`kvpool.native.limits`) must hold the bytes plus their page
+    tables and a small reserve (:data:`LIMIT_RESERVE`); otherwise
+    :class:`~kvpool.errors.MemoryLimitError` names the limit, its file and
+    the fix, and nothing is mapped.  The kernel would answer with the OOM
+    killer (or SIGBUS for hugetlb), not an error.  Reserving without
+    populating (``populate=False, pin="none"``) is not checked: nothing
+    becomes resident.  CUDA-pinned memory is checked like any other (the
+    driver's pages may not be charged to the cgroup; better refused than
+    killed).  hugepages="auto" whose 2 MiB pages the hugetlb cgroup cannot
+    hold uses 4 KiB pages, as libpinmem does when the pool is short.
+
 Threads: a HostBuffer may be shared between threads; close() is safe to
 call concurrently and more than once; commit() of disjoint ranges may run
 in several threads at once.
@@ -50,7 +66,9 @@ from typing import TYPE_CHECKING, Any
 
 import kvpool.errors as errors
 import kvpool.native.calls as _native
+from kvpool.native import limits
 from kvpool.native.spec import HostSpec
+from kvpool.native.units import format_bytes
 
 if TYPE_CHECKING:
     import torch
@@ -65,6 +83,76 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+#: Bytes kept free under every limit beyond a mapping and its page tables, for
+#: the rest of the process (populate threads, the interpreter's own growth).
+LIMIT_RESERVE = 16 << 20
+_HUGE_2M = 2 << 20
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def _round_up(value: int, to: int) -> int:
+    return (value + to - 1) // to * to
+
+
+def _charge(nbytes: int, hugetlb: bool) -> int:
+    """Bytes to find room for: the memory, its 4 KiB page tables, the reserve."""
+    tables = 0 if hugetlb else nbytes // 512  # one 8-byte entry per 4 KiB page
+    return nbytes + tables + LIMIT_RESERVE
+
+
+def _expect_hugetlb(spec: HostSpec) -> bool:
+    """Whether libpinmem will back ``spec`` with hugetlb pages (its rule, read first)."""
+    if spec.shm_name is not None or spec.hugepages not in ("auto", "required"):
+        return False
+    if spec.hugepages == "required":
+        return True
+    try:
+        _total, available = _native.hugepages_2m(spec.numa_node)
+    except errors.KVPoolError:  # no 2 MiB pool, or no such node: libpinmem says so
+        return False
+    return available >= _round_up(spec.size, _HUGE_2M) // _HUGE_2M
+
+
+def _check_limits(spec: HostSpec) -> HostSpec:
+    """Raise unless ``spec``'s resident memory fits; return the spec to map.
+
+    The spec comes back with hugepages="never" (or "thp", as libpinmem's
+    fallback option says) when "auto" would take hugetlb pages the hugetlb
+    cgroup cannot hold.
+    """
+    if not spec.populate and spec.pin == "none":
+        return spec  # reserved only: commits are checked one by one
+    locking = spec.pin == "mlock"
+    hugetlb = _expect_hugetlb(spec)
+    if hugetlb:
+        mapped = _round_up(spec.size, _HUGE_2M)
+        room = limits.headroom(hugetlb=True, locking=locking)
+        if room.fits(_charge(mapped, True)) or spec.hugepages == "required":
+            room.check(_charge(mapped, True), _what(spec, mapped, True))
+            return spec
+        binding = room.binding
+        fallback = "thp" if _native.option_get("auto_fallback_thp") else "never"
+        log.warning(
+            "kvpool: %s; hugepages='auto' uses %s pages instead",
+            binding.describe() if binding else "hugetlb limit",
+            "transparent huge" if fallback == "thp" else "4 KiB",
+        )
+        spec = spec.replace(hugepages=fallback)
+    mapped = _round_up(spec.size, _PAGE)
+    ram = limits.host_ram()
+    if ram is not None and mapped > ram:
+        return spec  # larger than the machine: libpinmem refuses it, saying so
+    limits.headroom(locking=locking).check(_charge(mapped, False), _what(spec, mapped, False))
+    return spec
+
+
+def _what(spec: HostSpec, mapped: int, hugetlb: bool) -> str:
+    pages = "2 MiB hugetlb" if hugetlb else f"{_PAGE // 1024} KiB"
+    return (
+        f"a host mapping of {format_bytes(mapped)} ({pages} pages, pin={spec.pin!r}, "
+        "plus page tables and a 16 MiB reserve)"
+    )
 
 
 class _Mapping:
@@ -280,12 +368,24 @@ class HostBuffer:
                 committed range, or a bad pin/threads value.
             FeatureUnavailableError: pin="mlock" refused, or
                 pin="cuda-register" without CUDA.
+            MemoryLimitError: the range would not fit under a memory cgroup
+                limit, the available RAM (the hugetlb cgroup for hugetlb
+                pages) or, for pin="mlock", the memlock limit; checked before
+                anything is touched, the range stays uncommitted.
             OutOfMemoryError: the memory (or a CUDA registration) is not
                 available; the range stays uncommitted and may be retried.
             NativeError: the range overlaps a commit in progress in another
                 thread, or the OS or CUDA runtime failed otherwise.
         """
         owner = self._handle()  # held: the mapping outlives this call
+        if length.__class__ is int and length > 0:  # else libpinmem says what is wrong
+            hugetlb = self.kind == "hugetlb"
+            limits.headroom(hugetlb=hugetlb, locking=pin == "mlock").check(
+                _charge(length, hugetlb),
+                f"committing {format_bytes(length)} at offset {offset} of the "
+                f"{format_bytes(self.mapped_size)} {self.kind} mapping at "
+                f"{self.address:#x} (plus page tables and a 16 MiB reserve)",
+            )
         try:
             pinned = _native.commit(self.address, offset, length, pin=pin, threads=threads)
         finally:
@@ -401,6 +501,9 @@ def allocate_host(
         NumaNodeError: numa_node does not exist; the message lists the nodes.
         SharedMemoryExistsError: shm_name exists and shm_reuse is False.
         FeatureUnavailableError: pin="mlock"/"cuda-*" and it was refused.
+        MemoryLimitError: populating or pinning would exceed a memory
+            cgroup limit, the available RAM or the memlock limit (checked
+            first, so the kernel never OOM-kills the process).
         NativeError: the OS or the CUDA runtime failed otherwise.
     """
     return allocate_spec(
@@ -422,8 +525,13 @@ def allocate_spec(spec: HostSpec) -> HostBuffer:
     """Map host memory as ``spec`` describes (see :func:`allocate_host`).
 
     Raises:
+        MemoryLimitError: the populated or pinned mapping would not fit under
+            a memory cgroup limit, the available RAM or (pin="mlock") the
+            memlock limit (:class:`~kvpool.errors.MemlockLimitError`); see
+            "Limits checked first" in the module docstring.
         The errors of :func:`allocate_host`.
     """
+    spec = _check_limits(spec)
     region = _native.alloc(
         spec.size,
         pin=spec.pin,

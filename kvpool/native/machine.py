@@ -18,6 +18,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from kvpool.native.limits import Limit, cgroup_memory
+from kvpool.native.units import format_bytes
+
 __all__ = [
     "Capabilities",
     "format_bytes",
@@ -35,14 +38,6 @@ _NVIDIA_DRIVER = Path("/proc/driver/nvidia/version")
 _CUDA_NO_DRIVER = {35, 3}  # cudaErrorInsufficientDriver, cudaErrorInitializationError
 _CUDA_NO_DEVICE = {100, 101}  # cudaErrorNoDevice, cudaErrorInvalidDevice
 _THP_MODES = {0: "never", 1: "madvise", 2: "always", -1: "unknown"}
-
-
-def format_bytes(n: float) -> str:
-    """``n`` bytes in the largest binary unit that keeps it short: 4 GiB, 256 MiB, 1.5 KiB."""
-    for unit, shift in (("PiB", 50), ("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if abs(n) >= 1 << shift:
-            return f"{n / (1 << shift):.4g} {unit}"
-    return f"{n:.0f} B"
 
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -92,6 +87,8 @@ class Capabilities:
         default_populate_threads: threads a populate uses by default.
         mem_total: bytes of RAM.
         library_path: the libpinmem.so in use.
+        memory_cgroup: the tightest memory cgroup limit on this process (limit,
+            working set, room left, its file), None without one.
     """
 
     cuda_available: bool
@@ -112,6 +109,7 @@ class Capabilities:
     default_populate_threads: int
     mem_total: int
     library_path: str
+    memory_cgroup: Limit | None = None
 
     def hugepage_pool(self, page_size_kib: int = 2048) -> HugePagePool | None:
         """Return the pool of that page size, or None if the kernel has none."""
@@ -243,6 +241,7 @@ class Capabilities:
             f"populate uses {self.default_populate_threads} thread(s)"
         )
         lines.append(f"  RAM                  {format_bytes(self.mem_total)}")
+        lines.append(f"  memory cgroup        {_cgroup_line(self.memory_cgroup)}")
         lines.append(f"  page size            {self.page_size} bytes")
         lines.append(f"  libpinmem            {self.library_path}")
         tips = self.advice()
@@ -284,6 +283,16 @@ def capabilities() -> Capabilities:
         default_populate_threads=raw["default_populate_threads"],
         mem_total=raw["mem_total"],
         library_path=_native.library_path(),
+        memory_cgroup=cgroup_memory(),
+    )
+
+
+def _cgroup_line(limit: Limit | None) -> str:
+    if limit is None:
+        return "no memory cgroup limit"
+    return (
+        f"{format_bytes(limit.limit)} limit, {format_bytes(limit.used)} in use, "
+        f"{format_bytes(limit.available)} left ({limit.source})"
     )
 
 

@@ -9,6 +9,16 @@ grows (``AddressManager.sbrk``), so allocations proceed from the start and
 see more room as growth catches up; until then a request beyond the
 current size returns None, as a full pool does.  Addresses never move.
 
+Limits: each growth step is checked, before it is touched, against the
+room left under the memory cgroup and the available RAM (the hugetlb
+cgroup for hugetlb pages; :meth:`kvpool.native.buffer.HostBuffer.commit`).
+A step that does not fit stops the growth with a warning on the ``kvpool``
+logger naming the limit; the pool stays usable at the size it reached,
+:attr:`stopped_by` holds the :class:`~kvpool.errors.MemoryLimitError`, and
+:meth:`wait_ready` returns False (it does not raise: the pool works, only
+smaller).  The first ``init_size`` bytes are checked the same way in the
+constructor, which raises the error.
+
 Closing mid-growth stops the thread after its current step, then releases
 everything; nothing leaks.
 
@@ -28,6 +38,7 @@ from typing import Any
 import torch
 
 from kvpool.checks import check_bool, check_int, check_keywords, check_size
+from kvpool.errors import MemoryLimitError
 from kvpool.formats import MemoryFormat
 from kvpool.native.numa import resolve_numa_node
 from kvpool.native.spec import HostSpec
@@ -66,6 +77,8 @@ class LazyMemoryAllocator(MemoryPool):
 
     Raises:
         InvalidArgumentError: bad sizes.
+        MemoryLimitError: ``init_size`` does not fit under a memory limit
+            (cgroup, RAM); later steps that do not fit stop the growth instead.
         plus the errors of :func:`kvpool.native.buffer.allocate_host`.
     """
 
@@ -127,6 +140,7 @@ class LazyMemoryAllocator(MemoryPool):
         self._stop = threading.Event()
         self._done = threading.Event()
         self._error: BaseException | None = None
+        self._stopped_by: MemoryLimitError | None = None
         self._thread: threading.Thread | None = None
         super().__init__(
             backing,
@@ -156,7 +170,18 @@ class LazyMemoryAllocator(MemoryPool):
         try:
             while self._committed < self._target and not self._stop.is_set():
                 step = min(self._step, self._target - self._committed)
-                buffer.commit(self._committed, step)
+                try:
+                    buffer.commit(self._committed, step)  # checks the limits first
+                except MemoryLimitError as exc:
+                    self._stopped_by = exc
+                    logger.warning(
+                        "LazyMemoryAllocator stops growing at %d of %d bytes and stays usable "
+                        "at that size: %s",
+                        self._committed,
+                        self._target,
+                        exc,
+                    )
+                    break
                 usable = min(self._committed + step, self.size) - am.get_heap_size()
                 if usable > 0:
                     am.sbrk(usable)  # type: ignore[union-attr]
@@ -220,6 +245,11 @@ class LazyMemoryAllocator(MemoryPool):
         return self._committed
 
     @property
+    def stopped_by(self) -> MemoryLimitError | None:
+        """The limit that stopped the growth early, or None (still growing, or grown)."""
+        return self._stopped_by
+
+    @property
     def usable_bytes(self) -> int:
         """Bytes the placement can hand out now."""
         return self.allocator.address_manager.get_heap_size()
@@ -233,10 +263,14 @@ class LazyMemoryAllocator(MemoryPool):
         """Wait until the pool has its full size.
 
         Returns:
-            True when fully grown, False on timeout.
+            True when fully grown.  False when not: on timeout (``growing``
+            is still True), or when a memory limit stopped the growth
+            (``stopped_by`` holds the MemoryLimitError; the pool stays
+            usable at ``usable_bytes``, and a warning was logged).
 
         Raises:
-            the error that stopped the growth, if one did.
+            the error that stopped the growth, if one other than a memory
+            limit did.
         """
         finished = self._done.wait(timeout)
         if self._error is not None:
