@@ -95,10 +95,23 @@ def _round_up(value: int, to: int) -> int:
     return (value + to - 1) // to * to
 
 
-def _charge(nbytes: int, hugetlb: bool) -> int:
-    """Bytes to find room for: the memory, its 4 KiB page tables, the reserve."""
-    tables = 0 if hugetlb else nbytes // 512  # one 8-byte entry per 4 KiB page
-    return nbytes + tables + LIMIT_RESERVE
+def _check_room(nbytes: int, *, hugetlb: bool, locking: bool, what: str) -> limits.Headroom:
+    """Raise unless ``nbytes`` more can be made resident (and locked); return the room.
+
+    Normal pages are charged with their page tables (8 bytes per 4 KiB page)
+    and :data:`LIMIT_RESERVE`; hugetlb pages exactly (their cgroup counts
+    nothing else).  The memlock limit counts the locked bytes alone.
+    """
+    if hugetlb:
+        room = limits.headroom(hugetlb=True)
+        room.check(nbytes, what)
+    else:
+        room = limits.headroom()
+        charge = nbytes + nbytes // 512 + LIMIT_RESERVE
+        room.check(charge, f"{what} with its page tables and a 16 MiB reserve")
+    if locking:
+        limits.headroom(memory=False, locking=True).check(nbytes, f"locking {what}")
+    return room
 
 
 def _expect_hugetlb(spec: HostSpec) -> bool:
@@ -124,18 +137,16 @@ def _check_limits(spec: HostSpec) -> HostSpec:
     if not spec.populate and spec.pin == "none":
         return spec  # reserved only: commits are checked one by one
     locking = spec.pin == "mlock"
-    hugetlb = _expect_hugetlb(spec)
-    if hugetlb:
+    if _expect_hugetlb(spec):
         mapped = _round_up(spec.size, _HUGE_2M)
-        room = limits.headroom(hugetlb=True, locking=locking)
-        if room.fits(_charge(mapped, True)) or spec.hugepages == "required":
-            room.check(_charge(mapped, True), _what(spec, mapped, True))
+        room = limits.headroom(hugetlb=True)
+        if room.fits(mapped) or spec.hugepages == "required":
+            _check_room(mapped, hugetlb=True, locking=locking, what=_what(spec, mapped, True))
             return spec
-        binding = room.binding
         fallback = "thp" if _native.option_get("auto_fallback_thp") else "never"
         log.warning(
             "kvpool: %s; hugepages='auto' uses %s pages instead",
-            binding.describe() if binding else "hugetlb limit",
+            room.binding.describe() if room.binding else "a hugetlb limit binds",
             "transparent huge" if fallback == "thp" else "4 KiB",
         )
         spec = spec.replace(hugepages=fallback)
@@ -143,16 +154,13 @@ def _check_limits(spec: HostSpec) -> HostSpec:
     ram = limits.host_ram()
     if ram is not None and mapped > ram:
         return spec  # larger than the machine: libpinmem refuses it, saying so
-    limits.headroom(locking=locking).check(_charge(mapped, False), _what(spec, mapped, False))
+    _check_room(mapped, hugetlb=False, locking=locking, what=_what(spec, mapped, False))
     return spec
 
 
 def _what(spec: HostSpec, mapped: int, hugetlb: bool) -> str:
     pages = "2 MiB hugetlb" if hugetlb else f"{_PAGE // 1024} KiB"
-    return (
-        f"a host mapping of {format_bytes(mapped)} ({pages} pages, pin={spec.pin!r}, "
-        "plus page tables and a 16 MiB reserve)"
-    )
+    return f"a host mapping of {format_bytes(mapped)} ({pages} pages, pin={spec.pin!r})"
 
 
 class _Mapping:
@@ -379,12 +387,12 @@ class HostBuffer:
         """
         owner = self._handle()  # held: the mapping outlives this call
         if length.__class__ is int and length > 0:  # else libpinmem says what is wrong
-            hugetlb = self.kind == "hugetlb"
-            limits.headroom(hugetlb=hugetlb, locking=pin == "mlock").check(
-                _charge(length, hugetlb),
-                f"committing {format_bytes(length)} at offset {offset} of the "
-                f"{format_bytes(self.mapped_size)} {self.kind} mapping at "
-                f"{self.address:#x} (plus page tables and a 16 MiB reserve)",
+            _check_room(
+                length,
+                hugetlb=self.kind == "hugetlb",
+                locking=pin == "mlock",
+                what=f"committing {format_bytes(length)} at offset {offset} of the "
+                f"{format_bytes(self.mapped_size)} {self.kind} mapping at {self.address:#x}",
             )
         try:
             pinned = _native.commit(self.address, offset, length, pin=pin, threads=threads)

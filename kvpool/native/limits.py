@@ -148,8 +148,8 @@ class Headroom:
         limit = self.limits[0]
         cls = MemlockLimitError if limit.source.startswith("RLIMIT_MEMLOCK") else MemoryLimitError
         raise cls(
-            f"{what} needs {format_bytes(nbytes)}, more than the {limit.name} allows: "
-            f"{format_bytes(limit.limit)} limit, {format_bytes(limit.used)} in use, "
+            f"{what} needs {format_bytes(nbytes)}, but the {limit.name} is "
+            f"{format_bytes(limit.limit)} with {format_bytes(limit.used)} in use: "
             f"{format_bytes(limit.available)} left (from {limit.source}); {limit.fix}"
         )
 
@@ -395,9 +395,18 @@ def cgroup_memory(platform: Platform | None = None) -> Limit | None:
 
 
 def headroom(
-    *, hugetlb: bool = False, locking: bool = False, platform: Platform | None = None
+    *,
+    hugetlb: bool = False,
+    locking: bool = False,
+    memory: bool = True,
+    platform: Platform | None = None,
 ) -> Headroom:
     """Every limit on making more memory resident in this process, tightest first.
+
+    Memory and memlock limits count different bytes (a mapping's page tables
+    and the process's other memory are charged, but not locked), so callers
+    check them apart: ``headroom()`` then ``headroom(memory=False,
+    locking=True)``.
 
     Args:
         hugetlb: the memory comes from the 2 MiB hugetlb pool: check the
@@ -405,14 +414,15 @@ def headroom(
             instead of the memory cgroup and the host's free RAM.
         locking: the memory will be mlocked: check RLIMIT_MEMLOCK too
             (unless the process has CAP_IPC_LOCK).
+        memory: include the memory limits (cgroups, RAM; False: memlock only).
         platform: where to read from (default: this process's real files).
 
     Returns:
         A :class:`Headroom`; unreadable sources are left out (never guessed).
     """
     platform = platform or Platform()
-    found = _cgroup_limits(platform, hugetlb=hugetlb)
-    if not hugetlb:
+    found = _cgroup_limits(platform, hugetlb=hugetlb) if memory else []
+    if memory and not hugetlb:
         host = _host_limit(platform)
         if host is not None:
             found.append(host)
