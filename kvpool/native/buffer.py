@@ -385,8 +385,9 @@ class HostBuffer:
             NativeError: the range overlaps a commit in progress in another
                 thread, or the OS or CUDA runtime failed otherwise.
         """
-        owner = self._handle()  # held: the mapping outlives this call
+        self._handle()  # closed (or inherited) buffers refuse before anything else
         if length.__class__ is int and length > 0:  # else libpinmem says what is wrong
+            # Checked before the mapping is held, so that a kept error does not hold it.
             _check_room(
                 length,
                 hugetlb=self.kind == "hugetlb",
@@ -394,6 +395,7 @@ class HostBuffer:
                 what=f"committing {format_bytes(length)} at offset {offset} of the "
                 f"{format_bytes(self.mapped_size)} {self.kind} mapping at {self.address:#x}",
             )
+        owner = self._handle()  # held: the mapping outlives this call
         try:
             pinned = _native.commit(self.address, offset, length, pin=pin, threads=threads)
         finally:

@@ -252,7 +252,8 @@ def _levels(mount: _Mount, path: str) -> Iterator[tuple[Path, str]]:
     parts = rel.split("/") if rel else []
     for depth in range(len(parts), -1, -1):
         sub = "/".join(parts[:depth])
-        yield mount.point / sub if sub else mount.point, "/" + sub
+        name = "/" + "/".join(p for p in (root.strip("/"), sub) if p)
+        yield mount.point / sub if sub else mount.point, name
 
 
 @dataclass(frozen=True)

@@ -173,7 +173,8 @@ class LazyMemoryAllocator(MemoryPool):
                 try:
                     buffer.commit(self._committed, step)  # checks the limits first
                 except MemoryLimitError as exc:
-                    self._stopped_by = exc
+                    # Kept without its frames, which hold the buffer and this pool.
+                    self._stopped_by = exc.with_traceback(None)
                     logger.warning(
                         "LazyMemoryAllocator stops growing at %d of %d bytes and stays usable "
                         "at that size: %s",
