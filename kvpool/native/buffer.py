@@ -66,7 +66,7 @@ from typing import TYPE_CHECKING, Any
 
 import kvpool.errors as errors
 import kvpool.native.calls as _native
-from kvpool.native import limits
+import kvpool.native.limits as limits
 from kvpool.native.spec import HostSpec
 from kvpool.native.units import format_bytes
 
