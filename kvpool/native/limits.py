@@ -89,6 +89,7 @@ class Limit:
         available: bytes left, ``max(limit - used, 0)``.
         source: the file (or rlimit) it comes from.
         fix: how to get more room.
+        kind: "memory-cgroup", "hugetlb-cgroup", "host" or "memlock".
     """
 
     name: str
@@ -97,6 +98,7 @@ class Limit:
     available: int
     source: str
     fix: str
+    kind: str
 
     def describe(self) -> str:
         """One line: the limit, the use, the room left and where it comes from."""
@@ -136,7 +138,7 @@ class Headroom:
 
         Args:
             nbytes: bytes about to be made resident (or locked).
-            what: the request, for the message, e.g. "a 2.00 GiB pool".
+            what: the request, for the message, e.g. "a 2 GiB pool".
 
         Raises:
             MemlockLimitError: the memlock limit binds (also a
@@ -146,7 +148,7 @@ class Headroom:
         if self.fits(nbytes):
             return
         limit = self.limits[0]
-        cls = MemlockLimitError if limit.source.startswith("RLIMIT_MEMLOCK") else MemoryLimitError
+        cls = MemlockLimitError if limit.kind == "memlock" else MemoryLimitError
         raise cls(
             f"{what} needs {format_bytes(nbytes)}, but the {limit.name} is "
             f"{format_bytes(limit.limit)} with {format_bytes(limit.used)} in use: "
@@ -265,6 +267,7 @@ class _Files:
     reclaimable: tuple[str, ...]  # memory.stat keys, the first present wins
     label: str
     fix: str
+    kind: str
 
 
 _MEMORY_V1 = _Files(
@@ -274,6 +277,7 @@ _MEMORY_V1 = _Files(
     "memory cgroup {path} (v1)",
     "raise the cgroup's limit (echo <bytes> > {dir}/memory.limit_in_bytes; docker run "
     "--memory, Kubernetes resources.limits.memory), or use a smaller pool",
+    "memory-cgroup",
 )
 _MEMORY_V2 = _Files(
     "memory.max",
@@ -282,6 +286,7 @@ _MEMORY_V2 = _Files(
     "memory cgroup {path} (v2)",
     "raise the cgroup's limit (echo <bytes> > {dir}/memory.max; docker run --memory, "
     "Kubernetes resources.limits.memory), or use a smaller pool",
+    "memory-cgroup",
 )
 _HUGETLB_V1 = _Files(
     "hugetlb.2MB.limit_in_bytes",
@@ -289,6 +294,7 @@ _HUGETLB_V1 = _Files(
     (),
     "hugetlb cgroup {path} (v1, 2 MiB pages)",
     "raise it (echo <bytes> > {dir}/hugetlb.2MB.limit_in_bytes), or use hugepages='never'",
+    "hugetlb-cgroup",
 )
 _HUGETLB_V2 = _Files(
     "hugetlb.2MB.max",
@@ -296,6 +302,7 @@ _HUGETLB_V2 = _Files(
     (),
     "hugetlb cgroup {path} (v2, 2 MiB pages)",
     "raise it (echo <bytes> > {dir}/hugetlb.2MB.max), or use hugepages='never'",
+    "hugetlb-cgroup",
 )
 
 
@@ -318,6 +325,7 @@ def _cgroup_levels(mount: _Mount, path: str, files: _Files) -> list[Limit]:
                 available=max(limit - usage, 0),
                 source=str(directory / files.limit),
                 fix=files.fix.format(dir=directory),
+                kind=files.kind,
             )
         )
     return found
@@ -360,6 +368,7 @@ def _host_limit(platform: Platform) -> Limit | None:
         source=f"MemAvailable in {platform.meminfo}",
         fix="free memory on this machine, use a smaller pool, or back it with reserved "
         "hugepages (hugepages='required'; they are counted apart)",
+        kind="host",
     )
 
 
@@ -383,6 +392,7 @@ def _memlock_limit(platform: Platform) -> Limit | None:
         source="RLIMIT_MEMLOCK (ulimit -l)",
         fix="raise it (ulimit -l unlimited, a 'memlock' line in /etc/security/limits.conf, "
         "docker run --ulimit memlock=-1), or use pin='auto' (unpinned when refused) or pin='none'",
+        kind="memlock",
     )
 
 

@@ -38,6 +38,7 @@ def test_v1_nested_the_tightest_level_wins(host: FakeHost) -> None:
     # The parent's 1 GiB binds although the child allows 2 GiB: its usage
     # counts the child's too, so 124 MiB are left.
     assert binding.name == "memory cgroup /outer (v1)"
+    assert binding.kind == "memory-cgroup"
     assert binding.available == 124 * MiB
     assert binding.source == str(outer / "memory.limit_in_bytes")
     assert [lim.name for lim in room.limits] == [
@@ -165,6 +166,7 @@ def test_host_memory_alone(host: FakeHost) -> None:
     room = limits.headroom(platform=host.platform())
     (only,) = room.limits
     assert only.limit == 16 * GiB
+    assert only.kind == "host"
     assert only.available == 8 * GiB
     assert "MemAvailable" in only.source
     assert limits.host_ram(host.platform()) == 16 * GiB
@@ -181,6 +183,7 @@ def test_memlock_counts_what_is_locked_already(host: FakeHost) -> None:
     room = limits.headroom(memory=False, locking=True, platform=platform)
     (lock,) = room.limits
     assert (lock.limit, lock.used, lock.available) == (64 * KiB, 16 * KiB, 48 * KiB)
+    assert lock.kind == "memlock"
     with pytest.raises(errors.MemlockLimitError) as info:
         room.check(64 * KiB, "locking 64 KiB")
     assert isinstance(info.value, errors.FeatureUnavailableError)  # what libpinmem raised
@@ -222,6 +225,7 @@ def test_hugetlb_cgroup_limits_hugetlb_pages(host: FakeHost) -> None:
     room = limits.headroom(hugetlb=True, platform=host.platform())
     assert room.binding is not None
     assert room.binding.name == "hugetlb cgroup /j (v1, 2 MiB pages)"
+    assert room.binding.kind == "hugetlb-cgroup"
     assert room.available == 24 * MiB
     with pytest.raises(errors.MemoryLimitError, match="hugepages='never'"):
         room.check(32 * MiB, "a hugetlb pool")
