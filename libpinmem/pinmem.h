@@ -49,7 +49,7 @@ extern "C" {
 
 /* PINMEM_CDEF_BEGIN */
 
-#define PINMEM_VERSION 2
+#define PINMEM_VERSION 3
 #define PINMEM_MAX_NUMA_NODES 1024
 #define PINMEM_MAX_HUGEPAGE_SIZES 8
 #define PINMEM_PATH_MAX 512
@@ -72,7 +72,8 @@ typedef enum pinmem_status {
     PINMEM_ESYS = 13,           /* another operating-system call failed */
     PINMEM_EBUSY = 14,          /* in use: CUDA mappings live, or a commit in progress */
     PINMEM_ETOO_LARGE = 15,     /* size beyond what the machine can map or hold */
-    PINMEM_STATUS_COUNT = 16
+    PINMEM_EOPTION = 16,        /* a KVPOOL_* variable held an invalid option value */
+    PINMEM_STATUS_COUNT = 17
 } pinmem_status;
 
 /* How a request wants its memory pinned. */
@@ -130,6 +131,11 @@ typedef enum pinmem_populate_method {
 /*
  * Options, in the mimalloc style: each has a default, an environment
  * variable read once on first use, and pinmem_option_set() to change it.
+ * An environment variable whose text is not a number in the option's
+ * range is never silently replaced: the default stays in effect, and
+ * pinmem_option_check() / pinmem_option_describe() report the variable,
+ * its text and the accepted range (the caller decides how to warn; the
+ * library never prints).
  *
  *   PINMEM_OPT_POPULATE_THREADS      KVPOOL_POPULATE_THREADS       0 = CPUs in
  *        the affinity mask, at most 16.  Threads used to populate a mapping.
@@ -139,10 +145,6 @@ typedef enum pinmem_populate_method {
  *        At or above this size CUDA pinning always takes the register path.
  *   PINMEM_OPT_USE_POPULATE_WRITE    KVPOOL_USE_POPULATE_WRITE     1.  0 makes
  *        populate behave as if the kernel lacked MADV_POPULATE_WRITE.
- *   PINMEM_OPT_FAKE_MBIND_EPERM      KVPOOL_FAKE_MBIND_EPERM       0.  1 makes
- *        mbind behave as if refused with EPERM (as in containers).
- *   PINMEM_OPT_FAKE_MLOCK_EPERM      KVPOOL_FAKE_MLOCK_EPERM       0.  1 makes
- *        mlock behave as if refused with EPERM.
  *   PINMEM_OPT_MLOCK_MODE            KVPOOL_MLOCK_MODE             3.  How mlock
  *        pinning is done: 0 = one mlock call after populating; 1 = each
  *        populate thread mlocks its own chunk; 2 = mlock2(MLOCK_ONFAULT)
@@ -159,19 +161,41 @@ typedef enum pinmem_populate_method {
  *        4 KiB pages, 1 = transparent hugepages.  (On a VM with free-page
  *        reporting, THP on memory the host has taken back populated at
  *        0.26-0.32 GB/s against 1.0-3.3 GB/s for 4 KiB pages.)
+ *
+ * Sizes accept binary suffixes: "64M", "2G", "1GiB"; numbers may be
+ * decimal or 0x hexadecimal.  An empty variable counts as unset.
  */
 typedef enum pinmem_option {
     PINMEM_OPT_POPULATE_THREADS = 0,
     PINMEM_OPT_REGISTER_CHUNK = 1,
     PINMEM_OPT_REGISTER_THRESHOLD = 2,
     PINMEM_OPT_USE_POPULATE_WRITE = 3,
-    PINMEM_OPT_FAKE_MBIND_EPERM = 4,
-    PINMEM_OPT_FAKE_MLOCK_EPERM = 5,
-    PINMEM_OPT_MLOCK_MODE = 6,
-    PINMEM_OPT_MIN_THREAD_BYTES = 7,
-    PINMEM_OPT_AUTO_FALLBACK_THP = 8,
-    PINMEM_OPT_COUNT = 9
+    PINMEM_OPT_MLOCK_MODE = 4,
+    PINMEM_OPT_MIN_THREAD_BYTES = 5,
+    PINMEM_OPT_AUTO_FALLBACK_THP = 6,
+    PINMEM_OPT_COUNT = 7
 } pinmem_option;
+
+/* Where an option's value came from. */
+typedef enum pinmem_option_source {
+    PINMEM_OPTION_DEFAULT = 0,      /* the built-in default */
+    PINMEM_OPTION_ENV = 1,          /* its environment variable */
+    PINMEM_OPTION_SET = 2           /* pinmem_option_set() */
+} pinmem_option_source;
+
+/* One option, described (pinmem_option_describe). */
+typedef struct pinmem_option_info {
+    char name[32];          /* e.g. "populate_threads" */
+    char env[64];           /* its environment variable, e.g. "KVPOOL_POPULATE_THREADS" */
+    int64_t value;          /* in effect now */
+    int64_t default_value;
+    int64_t min;            /* accepted range, inclusive */
+    int64_t max;
+    int source;             /* pinmem_option_source of value */
+    int env_rejected;       /* 1: the variable was set, but not to a number in
+                             * min..max; the default was kept */
+    char env_text[128];     /* the rejected text (truncated), "" otherwise */
+} pinmem_option_info;
 
 /* A request.  Zero-initialise, then set what you need; pinmem_params_init
  * fills the defaults (numa_node -1, everything else 0/auto). */
@@ -358,9 +382,20 @@ PINMEM_API int pinmem_current_cpu(int *cpu, int *node);
 /* Free and total 2 MiB hugepages, system-wide (node -1) or on one node. */
 PINMEM_API int pinmem_hugepages_2m(int node, int64_t *total, int64_t *free_pages);
 
-/* Read or change an option. */
+/* Read or change an option.  pinmem_option_set of a value outside the
+ * option's range fails with PINMEM_EINVAL (the detail names the option's
+ * variable, the value and the range) and changes nothing. */
 PINMEM_API int pinmem_option_get(int option, int64_t *value);
 PINMEM_API int pinmem_option_set(int option, int64_t value);
+
+/* Describe an option: its name, variable, value, default, range, where the
+ * value came from, and the text of its variable when that was rejected. */
+PINMEM_API int pinmem_option_describe(int option, pinmem_option_info *out);
+
+/* PINMEM_OK when every option variable that was set held a valid value;
+ * otherwise PINMEM_EOPTION, the detail naming each rejected variable, its
+ * text and the accepted range (each option's info says the same). */
+PINMEM_API int pinmem_option_check(void);
 
 /* Choose the CUDA runtime again: path NULL = discovery (KVPOOL_CUDART, then
  * an already loaded libcudart, then the usual sonames); "" = no CUDA.
@@ -368,6 +403,30 @@ PINMEM_API int pinmem_option_set(int option, int64_t value);
 PINMEM_API int pinmem_cuda_reload(const char *path);
 
 /* PINMEM_CDEF_END */
+
+#ifdef PINMEM_TESTING
+/*
+ * Test builds only (compiled with -DPINMEM_TESTING: libpinmem/build/
+ * testing/libpinmem.so, which `make lib` builds for the test suites).  The
+ * production library has neither these calls nor any environment variable
+ * for them.  build.py feeds this block to cffi as well; in a production
+ * library the call is simply absent.
+ */
+/* PINMEM_TEST_CDEF_BEGIN */
+
+/* Faults a test can switch on: the kernel call behaves as if refused. */
+typedef enum pinmem_fault {
+    PINMEM_FAULT_MBIND_EPERM = 0,   /* mbind fails with EPERM (as in containers) */
+    PINMEM_FAULT_MLOCK_EPERM = 1,   /* mlock and mlock2 fail with EPERM */
+    PINMEM_FAULT_COUNT = 2
+} pinmem_fault;
+
+/* Switch a fault on (on != 0) or off, process-wide; PINMEM_EINVAL for a
+ * fault that does not exist. */
+PINMEM_API int pinmem_test_set_fault(int fault, int on);
+
+/* PINMEM_TEST_CDEF_END */
+#endif
 
 #ifdef __cplusplus
 }

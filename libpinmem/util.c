@@ -10,7 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/syscall.h>
 #include <sys/sysinfo.h>
 #include <unistd.h>
 
@@ -159,22 +158,4 @@ int pm_populate_write_supported(void)
 {
     pthread_once(&pm_populate_write_once, pm_populate_write_detect);
     return pm_populate_write_flag;
-}
-
-int pm_mlock(void *addr, size_t len)
-{
-    if (pm_opt(PINMEM_OPT_FAKE_MLOCK_EPERM)) {
-        errno = EPERM;
-        return -1;
-    }
-    return mlock(addr, len);
-}
-
-int pm_mlock_onfault(void *addr, size_t len)
-{
-    if (pm_opt(PINMEM_OPT_FAKE_MLOCK_EPERM)) {
-        errno = EPERM;
-        return -1;
-    }
-    return (int)syscall(SYS_mlock2, addr, len, 1 /* MLOCK_ONFAULT */);
 }

@@ -3,11 +3,17 @@
 Every wrapper may be called from any thread.  Arguments are checked with
 :mod:`kvpool.checks` before anything reaches C; a failed call raises the
 exception :func:`kvpool.native.loader.check` picks for its status.
+
+An option variable (``KVPOOL_*``, see :data:`OPTIONS`) that libpinmem
+rejected is reported once, when this module loads, as a ``RuntimeWarning``
+naming the variable, its value and the accepted range
+(:func:`option_problems` lists them).
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +31,7 @@ from kvpool.native.loader import (
     POPULATE_METHODS,
     STATUS_EXCEPTIONS,
     check,
+    describe_option,
     ffi,
     lib,
     library_path,
@@ -36,6 +43,7 @@ __all__ = [
     "HUGEPAGE_RESULTS",
     "KINDS",
     "OPTIONS",
+    "OptionProblem",
     "PINNED",
     "PIN_MODES",
     "COMMIT_PIN_MODES",
@@ -55,6 +63,7 @@ __all__ = [
     "live",
     "numa_nodes",
     "option_get",
+    "option_problems",
     "option_set",
     "populate",
     "probe",
@@ -504,6 +513,58 @@ def option_set(name: str, value: int) -> int:
     return old
 
 
+@dataclass(frozen=True)
+class OptionProblem:
+    """A ``KVPOOL_*`` variable libpinmem rejected (the default stayed in effect).
+
+    Attributes:
+        name: the option, e.g. ``"mlock_mode"``.
+        env: its variable, e.g. ``"KVPOOL_MLOCK_MODE"``.
+        text: what the variable held.
+        low, high: the accepted range, inclusive.
+        default: the value in effect instead.
+    """
+
+    name: str
+    env: str
+    text: str
+    low: int
+    high: int
+    default: int
+
+    def message(self) -> str:
+        """The warning text: the variable, its value, the accepted range and the fix."""
+        bound = f">= {self.low}" if self.high == (1 << 63) - 1 else f"in {self.low}..{self.high}"
+        return (
+            f"{self.env}={self.text!r} is not a number {bound}; libpinmem ignores it and uses "
+            f"the default {self.default} (fix or unset {self.env})"
+        )
+
+
+def option_problems() -> list[OptionProblem]:
+    """Return the option variables libpinmem rejected when it read them.
+
+    (``pinmem_option_check`` and ``pinmem_option_describe``.)  Complexity:
+    O(number of options).
+    """
+    if lib.pinmem_option_check() == lib.PINMEM_OK:
+        return []
+    found = []
+    for name, (option, env) in OPTIONS.items():
+        info = describe_option(option)
+        if info.env_rejected:
+            text = ffi.string(info.env_text).decode("utf-8", "replace")
+            low, high, default = int(info.min), int(info.max), int(info.default_value)
+            found.append(OptionProblem(name, env, text, low, high, default))
+    return found
+
+
+def _warn_option_problems() -> None:
+    """One RuntimeWarning per rejected variable, when this module loads."""
+    for problem in option_problems():
+        warnings.warn(problem.message(), RuntimeWarning, stacklevel=2)
+
+
 def cuda_reload(path: str | None = None) -> None:
     """Choose the CUDA runtime again (``pinmem_cuda_reload``).
 
@@ -520,3 +581,6 @@ def cuda_reload(path: str | None = None) -> None:
     if not isinstance(path, str) or "\0" in path:
         raise errors.InvalidArgumentError(f"path must be a str without NUL, got {path!r}")
     check(lib.pinmem_cuda_reload(os.fsencode(path)), f"load the CUDA runtime {path!r}")
+
+
+_warn_option_problems()

@@ -37,6 +37,7 @@ __all__ = [
     "POPULATE_METHODS",
     "STATUS_EXCEPTIONS",
     "check",
+    "describe_option",
     "ffi",
     "lib",
     "library_path",
@@ -151,20 +152,6 @@ POPULATE_METHODS: dict[int, str] = {
     lib.PINMEM_POPULATE_BY_DRIVER: "driver",
 }
 
-#: Option names for :func:`option_get` / :func:`option_set`, with the
-#: environment variable that sets each at load time (see pinmem.h).
-OPTIONS: dict[str, tuple[int, str]] = {
-    "populate_threads": (lib.PINMEM_OPT_POPULATE_THREADS, "KVPOOL_POPULATE_THREADS"),
-    "register_chunk": (lib.PINMEM_OPT_REGISTER_CHUNK, "KVPOOL_REGISTER_CHUNK_BYTES"),
-    "register_threshold": (lib.PINMEM_OPT_REGISTER_THRESHOLD, "KVPOOL_REGISTER_THRESHOLD_BYTES"),
-    "use_populate_write": (lib.PINMEM_OPT_USE_POPULATE_WRITE, "KVPOOL_USE_POPULATE_WRITE"),
-    "fake_mbind_eperm": (lib.PINMEM_OPT_FAKE_MBIND_EPERM, "KVPOOL_FAKE_MBIND_EPERM"),
-    "fake_mlock_eperm": (lib.PINMEM_OPT_FAKE_MLOCK_EPERM, "KVPOOL_FAKE_MLOCK_EPERM"),
-    "mlock_mode": (lib.PINMEM_OPT_MLOCK_MODE, "KVPOOL_MLOCK_MODE"),
-    "min_thread_bytes": (lib.PINMEM_OPT_MIN_THREAD_BYTES, "KVPOOL_MIN_THREAD_BYTES"),
-    "auto_fallback_thp": (lib.PINMEM_OPT_AUTO_FALLBACK_THP, "KVPOOL_AUTO_FALLBACK_THP"),
-}
-
 # ------------------------------------------------------------ status codes
 
 #: One table: libpinmem status -> the exception raised for it.
@@ -184,6 +171,7 @@ STATUS_EXCEPTIONS: dict[int, type[errors.KVPoolError]] = {
     lib.PINMEM_ESYS: errors.NativeError,
     lib.PINMEM_EBUSY: errors.NativeError,
     lib.PINMEM_ETOO_LARGE: errors.OutOfMemoryError,
+    lib.PINMEM_EOPTION: errors.InvalidArgumentError,
 }
 
 if len(STATUS_EXCEPTIONS) != lib.PINMEM_STATUS_COUNT - 1:  # pragma: no cover - build drift
@@ -215,3 +203,27 @@ def check(status: int, what: str) -> None:
     if isinstance(exc, OSError) and err:
         exc.errno = err  # strerror stays None so str(exc) keeps the message
     raise exc
+
+
+# ---------------------------------------------------------------- options
+
+
+def describe_option(option: int) -> Any:
+    """libpinmem's ``pinmem_option_info`` for one option (a cffi struct)."""
+    info = ffi.new("pinmem_option_info *")
+    check(lib.pinmem_option_describe(option, info), f"describe option {option}")
+    return info
+
+
+def _option_table() -> dict[str, tuple[int, str]]:
+    table = {}
+    for option in range(lib.PINMEM_OPT_COUNT):
+        info = describe_option(option)
+        table[ffi.string(info.name).decode()] = (option, ffi.string(info.env).decode())
+    return table
+
+
+#: Option names for ``option_get`` / ``option_set``, with the environment
+#: variable that sets each at load time -- read from libpinmem, whose header
+#: (pinmem.h) documents them.
+OPTIONS: dict[str, tuple[int, str]] = _option_table()
