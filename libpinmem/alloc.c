@@ -181,7 +181,11 @@ static int pm_map_pages_step(pm_alloc_plan *plan, pm_entry *e)
         r->shm_owner = 1;
         e->shm_unlink_on_free = !(p->flags & PINMEM_SHM_KEEP_ON_FREE);
     } else {
-        void *a = pm_map_anonymous(mapped);
+        /* A reservation (nothing populated or pinned now) is committed step
+         * by step later, each commit checking the memory limits; it must
+         * not count against overcommit now (64 GiB on a 24 GiB machine). */
+        int reservation = !p->populate && p->pin == PINMEM_PIN_NONE;
+        void *a = pm_map_anonymous(mapped, reservation);
         if (a == MAP_FAILED) {
             int err = errno;
             char b[64];
@@ -220,6 +224,15 @@ static int pm_step_bind(const pm_alloc_plan *plan, pm_entry *e)
 
 static int pm_step_fill(const pm_alloc_plan *plan, pm_entry *e)
 {
+    const pinmem_alloc_params *p = plan->p;
+    /* The memory limits before any page is made resident (hugetlb pages
+     * come from their own pool, checked when mapping). */
+    int pinning = plan->pin_plan != PM_PLAN_NONE;
+    if ((p->populate || pinning) && e->region.kind != PINMEM_KIND_HUGETLB) {
+        int rc = pm_check_room(e->region.mapped_size, pinning);
+        if (rc != PINMEM_OK)
+            return rc;
+    }
     return pm_entry_fill(e, plan->pin_plan, plan->cuda, plan->p->populate, plan->p->threads,
                          PM_TOUCH_ZERO);
 }

@@ -188,8 +188,11 @@ PINMEM_API int pinmem_commit(void *addr, size_t offset, size_t len, int pin, int
     if (rc != PINMEM_OK)
         return rc;
 
-    c.status = pm_fill_range(c.base + c.offset, c.len, c.page, c.hugetlb, c.plan, c.cuda, 1,
-                             threads, PM_TOUCH_KEEP, &c.fill);
+    /* The memory limits first (hugetlb pages come from their own pool). */
+    c.status = c.hugetlb ? PINMEM_OK : pm_check_room(c.len, c.plan != PM_PLAN_NONE);
+    if (c.status == PINMEM_OK)
+        c.status = pm_fill_range(c.base + c.offset, c.len, c.page, c.hugetlb, c.plan, c.cuda,
+                                 1, threads, PM_TOUCH_KEEP, &c.fill);
     int err = pinmem_last_errno();
     char detail[768] = "";
     if (c.status != PINMEM_OK)

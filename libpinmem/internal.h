@@ -53,7 +53,6 @@ PM_HIDDEN int pm_fault(int fault);
 
 PM_HIDDEN size_t pm_page_size(void);
 PM_HIDDEN int pm_affinity_cpus(void);
-PM_HIDDEN int pm_default_threads(void);
 /* Read a small text file into buf (NUL-terminated); 0 on success. */
 PM_HIDDEN int pm_read_text(const char *path, char *buf, size_t len);
 /* Read one integer from a file; 0 on success. */
@@ -64,11 +63,19 @@ PM_HIDDEN int pm_parse_list(const char *text, int *out, int max, int *count);
 PM_HIDDEN int pm_thp_mode(void);
 PM_HIDDEN int pm_populate_write_supported(void);
 
+/* ---- limits.c ---- */
+
+/* PINMEM_OK when len bytes fit within pinmem_memory_room, else
+ * PINMEM_ELIMIT naming the limit. */
+PM_HIDDEN int pm_check_room(size_t len, int pinned);
+
 /* ---- map.c: private anonymous and hugetlb mappings ---- */
 
 /* len bytes of private anonymous memory, 2 MiB aligned when len >= 2 MiB
- * (so THP can back it); MAP_FAILED with errno set on failure. */
-PM_HIDDEN void *pm_map_anonymous(size_t len);
+ * (so THP can back it); MAP_FAILED with errno set on failure.  noreserve:
+ * MAP_NORESERVE, for reservations that are committed step by step (the
+ * commits check the memory limits instead of the overcommit accounting). */
+PM_HIDDEN void *pm_map_anonymous(size_t len, int noreserve);
 /* len bytes (a multiple of 2 MiB) of 2 MiB hugetlb pages; MAP_FAILED. */
 PM_HIDDEN void *pm_map_hugetlb(size_t len);
 /* MADV_HUGEPAGE; 1 when transparent hugepages can now back the range. */
@@ -107,15 +114,30 @@ enum pm_touch {
                         * concurrent writers (commits of private memory) */
 };
 
-/* Populate [addr, addr+len) with up to threads threads.  preserve: a
- * pm_touch, used where MADV_POPULATE_WRITE is unavailable (that never
- * changes contents).  lock: mlock the range once it is
- * resident -- each thread its own chunk when lock_in_threads, else one
- * call at the end; *lock_errno receives the first mlock failure (0 if
- * none). */
+/* Populate [addr, addr+len) per the populate plan (method and threads;
+ * threads > 0 overrides the plan's count, and the count is capped at one
+ * thread per PINMEM_OPT_MIN_THREAD_BYTES).  touch: the pm_touch used where
+ * first touch is the method (MADV_POPULATE_WRITE never changes contents).
+ * lock: mlock the range once resident -- each slice as it is done when
+ * lock_in_threads, else one call at the end; *lock_errno receives the
+ * first mlock failure (0 if none). */
 PM_HIDDEN int pm_populate(void *addr, size_t len, size_t page, int threads, int touch,
                           int lock, int lock_in_threads, int *method, int *threads_used,
                           int *lock_errno);
+/* The same with an explicit method (pinmem_populate_method: MADVISE, which
+ * falls back to first touch per slice where the kernel refuses it, or
+ * FIRST_TOUCH) and thread count; lock_in_threads: mlock each slice. */
+PM_HIDDEN int pm_populate_run(void *addr, size_t len, size_t page, int method, int threads,
+                              int touch, int lock_in_threads, int *method_used,
+                              int *threads_used, int *lock_errno);
+
+/* ---- strategy.c: the populate plan ---- */
+
+/* Method and thread count for populating len bytes; requested > 0 is the
+ * caller's thread count.  Runs the probe first when the plan needs it. */
+PM_HIDDEN void pm_plan_resolve(size_t len, int requested, int *method, int *threads);
+/* Threads of the plan in effect (never probes). */
+PM_HIDDEN int pm_default_threads(void);
 
 /* ---- cuda.c ---- */
 

@@ -17,15 +17,15 @@
 #define MADV_HUGEPAGE 14
 #endif
 
-/* Map len bytes of private anonymous memory aligned to 2 MiB when large. */
-void *pm_map_anonymous(size_t len)
+void *pm_map_anonymous(size_t len, int noreserve)
 {
+    int flags = MAP_PRIVATE | MAP_ANONYMOUS | (noreserve ? MAP_NORESERVE : 0);
     if (len < PM_HUGE_2M)
-        return mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        return mmap(NULL, len, PROT_READ | PROT_WRITE, flags, -1, 0);
     size_t over = len + PM_HUGE_2M;
     if (over < len)
         return MAP_FAILED;
-    char *p = mmap(NULL, over, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    char *p = mmap(NULL, over, PROT_READ | PROT_WRITE, flags, -1, 0);
     if (p == MAP_FAILED)
         return MAP_FAILED;
     /* Trim so the start sits on a 2 MiB boundary: transparent hugepages can

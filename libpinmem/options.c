@@ -28,6 +28,8 @@ static const pm_option_desc pm_option_table[PINMEM_OPT_COUNT] = {
     [PINMEM_OPT_MIN_THREAD_BYTES] = {"min_thread_bytes", "KVPOOL_MIN_THREAD_BYTES",
                                      (int64_t)64 << 20, 4096, INT64_MAX},
     [PINMEM_OPT_AUTO_FALLBACK_THP] = {"auto_fallback_thp", "KVPOOL_AUTO_FALLBACK_THP", 0, 0, 1},
+    [PINMEM_OPT_POPULATE_METHOD] = {"populate_method", "KVPOOL_POPULATE_METHOD", 0, 0, 2},
+    [PINMEM_OPT_POPULATE_PROBE] = {"populate_probe", "KVPOOL_POPULATE_PROBE", 1, 0, 1},
 };
 
 /* Written once under pm_option_once, read-only afterwards. */

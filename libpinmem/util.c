@@ -43,15 +43,6 @@ int pm_affinity_cpus(void)
     return n;
 }
 
-int pm_default_threads(void)
-{
-    int64_t opt = pm_opt(PINMEM_OPT_POPULATE_THREADS);
-    if (opt > 0)
-        return (int)opt;
-    int n = pm_affinity_cpus();
-    return n > 16 ? 16 : n;
-}
-
 int pm_read_text(const char *path, char *buf, size_t len)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);

@@ -12,6 +12,11 @@ why each failed.  Every libpinmem status maps to one exception of
 :mod:`kvpool.errors` through :data:`STATUS_EXCEPTIONS`; :func:`check` raises
 it.  The wrappers of the C calls are in :mod:`kvpool.native.calls`.
 
+An option variable (``KVPOOL_*``, see :data:`OPTIONS`) that libpinmem
+rejected is reported once, when this module loads, as a ``RuntimeWarning``
+naming the variable, its value and the accepted range
+(:func:`option_problems` lists them).
+
 Thread safety: libpinmem guards its own state; the failure detail is per
 thread in C and is read right after the failing call on the same thread.
 """
@@ -20,6 +25,8 @@ from __future__ import annotations
 
 import importlib
 import os
+import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +39,7 @@ __all__ = [
     "HUGEPAGE_RESULTS",
     "KINDS",
     "OPTIONS",
+    "OptionProblem",
     "PINNED",
     "PIN_MODES",
     "POPULATE_METHODS",
@@ -41,6 +49,7 @@ __all__ = [
     "ffi",
     "lib",
     "library_path",
+    "option_problems",
 ]
 
 #: Environment variable that names the libpinmem.so to load instead.
@@ -172,6 +181,7 @@ STATUS_EXCEPTIONS: dict[int, type[errors.KVPoolError]] = {
     lib.PINMEM_EBUSY: errors.NativeError,
     lib.PINMEM_ETOO_LARGE: errors.OutOfMemoryError,
     lib.PINMEM_EOPTION: errors.InvalidArgumentError,
+    lib.PINMEM_ELIMIT: errors.MemoryLimitError,
 }
 
 if len(STATUS_EXCEPTIONS) != lib.PINMEM_STATUS_COUNT - 1:  # pragma: no cover - build drift
@@ -227,3 +237,58 @@ def _option_table() -> dict[str, tuple[int, str]]:
 #: variable that sets each at load time -- read from libpinmem, whose header
 #: (pinmem.h) documents them.
 OPTIONS: dict[str, tuple[int, str]] = _option_table()
+
+
+@dataclass(frozen=True)
+class OptionProblem:
+    """A ``KVPOOL_*`` variable libpinmem rejected (the default stayed in effect).
+
+    Attributes:
+        name: the option, e.g. ``"mlock_mode"``.
+        env: its variable, e.g. ``"KVPOOL_MLOCK_MODE"``.
+        text: what the variable held.
+        low, high: the accepted range, inclusive.
+        default: the value in effect instead.
+    """
+
+    name: str
+    env: str
+    text: str
+    low: int
+    high: int
+    default: int
+
+    def message(self) -> str:
+        """The warning text: the variable, its value, the accepted range and the fix."""
+        bound = f">= {self.low}" if self.high == (1 << 63) - 1 else f"in {self.low}..{self.high}"
+        return (
+            f"{self.env}={self.text!r} is not a number {bound}; libpinmem ignores it and uses "
+            f"the default {self.default} (fix or unset {self.env})"
+        )
+
+
+def option_problems() -> list[OptionProblem]:
+    """Return the option variables libpinmem rejected when it read them.
+
+    (``pinmem_option_check`` and ``pinmem_option_describe``.)  Complexity:
+    O(number of options).
+    """
+    if lib.pinmem_option_check() == lib.PINMEM_OK:
+        return []
+    found = []
+    for name, (option, env) in OPTIONS.items():
+        info = describe_option(option)
+        if info.env_rejected:
+            text = ffi.string(info.env_text).decode("utf-8", "replace")
+            low, high, default = int(info.min), int(info.max), int(info.default_value)
+            found.append(OptionProblem(name, env, text, low, high, default))
+    return found
+
+
+def _warn_option_problems() -> None:
+    """One RuntimeWarning per rejected variable, when this module loads."""
+    for problem in option_problems():
+        warnings.warn(problem.message(), RuntimeWarning, stacklevel=2)
+
+
+_warn_option_problems()

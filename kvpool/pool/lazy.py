@@ -9,6 +9,20 @@ grows (``AddressManager.sbrk``), so allocations proceed from the start and
 see more room as growth catches up; until then a request beyond the
 current size returns None, as a full pool does.  Addresses never move.
 
+Usable at once: with a small ``init_size`` (32 MiB is made resident and
+pinned in about 12 ms here) a pool of any final size -- 64 GiB on a machine
+with less RAM: the range is only reserved -- serves its first allocation
+right after construction (``python -m kvpool.cli.bench.lazy_first``
+measures it).
+
+Growth stops safely at what the machine allows: before each step it asks
+libpinmem how much can still be made resident (MemAvailable, the memory
+cgroup; :func:`kvpool.native.calls.memory_room`) and stops, with a warning
+and :attr:`LazyMemoryAllocator.stopped_by` saying why, when the step would
+leave less than ``keep_free`` bytes; libpinmem refuses a commit beyond the
+limit itself too (``MemoryLimitError``), which stops growth the same way.
+The pool then keeps the size it reached.
+
 Closing mid-growth stops the thread after its current step, then releases
 everything; nothing leaks.
 
@@ -27,7 +41,9 @@ from typing import Any
 
 import torch
 
+import kvpool.native.calls as _native
 from kvpool.checks import check_bool, check_int, check_keywords, check_size
+from kvpool.errors import MemoryLimitError
 from kvpool.formats import MemoryFormat
 from kvpool.native.numa import resolve_numa_node
 from kvpool.native.spec import HostSpec
@@ -59,6 +75,9 @@ class LazyMemoryAllocator(MemoryPool):
         use_hugepages: require 2 MiB hugepages.
         byte_buffers: route ``BINARY_BUFFER`` to Python byte buffers.
         start: start growing now (else call :meth:`start_growth`).
+        keep_free: growth stops when a step would leave less than this many
+            bytes that could still be made resident (default: 10% of RAM,
+            at most 2 GiB); see :attr:`stopped_by`.
 
     Sizes are rounded up to the page size in use (4 KiB or 2 MiB); unlike
     LMCache, which rounds both sizes up to :attr:`PIN_CHUNK_SIZE`, the pool
@@ -89,9 +108,13 @@ class LazyMemoryAllocator(MemoryPool):
         use_hugepages: bool = False,
         byte_buffers: bool = True,
         start: bool = True,
+        keep_free: int | None = None,
         **kwargs: Any,
     ) -> None:
         check_keywords("LazyMemoryAllocator()", kwargs, ())
+        if keep_free is None:
+            keep_free = min(2 << 30, _native.probe()["mem_total"] // 10)
+        self._keep_free = check_int("keep_free", keep_free, low=0)
         size = check_size("final_size", final_size)
         if step_size is None:
             step_size = self.COMMIT_SIZE
@@ -127,6 +150,7 @@ class LazyMemoryAllocator(MemoryPool):
         self._stop = threading.Event()
         self._done = threading.Event()
         self._error: BaseException | None = None
+        self._stopped_by: str | None = None
         self._thread: threading.Thread | None = None
         super().__init__(
             backing,
@@ -149,6 +173,17 @@ class LazyMemoryAllocator(MemoryPool):
         self._thread = threading.Thread(target=self._grow, name="kvpool-lazy-grow", daemon=True)
         self._thread.start()
 
+    def _room_for(self, step: int) -> bool:
+        """True when step bytes fit and keep_free bytes stay; else record why not."""
+        room, limit = _native.memory_room(pinned=True)
+        if room is None or room - step >= self._keep_free:
+            return True
+        self._stopped_by = (
+            f"{limit}: {room} bytes could still be made resident, a step of {step} would "
+            f"leave less than keep_free={self._keep_free}"
+        )
+        return False
+
     def _grow(self) -> None:
         buffer = self.backing.buffer  # type: ignore[attr-defined]
         am = self.allocator.address_manager
@@ -156,6 +191,8 @@ class LazyMemoryAllocator(MemoryPool):
         try:
             while self._committed < self._target and not self._stop.is_set():
                 step = min(self._step, self._target - self._committed)
+                if not self._room_for(step):
+                    break
                 buffer.commit(self._committed, step)
                 usable = min(self._committed + step, self.size) - am.get_heap_size()
                 if usable > 0:
@@ -170,10 +207,19 @@ class LazyMemoryAllocator(MemoryPool):
                         buffer.pinned,
                     )
                     logged = self._committed
+        except MemoryLimitError as exc:  # libpinmem's own check: the same safe stop
+            self._stopped_by = str(exc)
         except BaseException as exc:  # reported by wait_ready / grown state
             self._error = exc
             logger.error("LazyMemoryAllocator growth stopped at %d bytes: %s", self._committed, exc)
         finally:
+            if self._stopped_by is not None:
+                logger.warning(
+                    "LazyMemoryAllocator stopped growing at %d of %d bytes: %s",
+                    self._committed,
+                    self._target,
+                    self._stopped_by,
+                )
             self._done.set()
 
     # -- LMCache's interface ---------------------------------------------
@@ -215,6 +261,11 @@ class LazyMemoryAllocator(MemoryPool):
         return self.allocator.address_manager  # type: ignore[no-any-return]
 
     @property
+    def stopped_by(self) -> str | None:
+        """Why growth stopped short of the full size at the machine's limit, or None."""
+        return self._stopped_by
+
+    @property
     def committed_bytes(self) -> int:
         """Bytes made resident and pinned so far."""
         return self._committed
@@ -233,10 +284,11 @@ class LazyMemoryAllocator(MemoryPool):
         """Wait until the pool has its full size.
 
         Returns:
-            True when fully grown, False on timeout.
+            True when fully grown; False on timeout, or when growth stopped
+            at the machine's memory limit (:attr:`stopped_by` says why).
 
         Raises:
-            the error that stopped the growth, if one did.
+            the error that stopped the growth, if one did (other than the limit).
         """
         finished = self._done.wait(timeout)
         if self._error is not None:

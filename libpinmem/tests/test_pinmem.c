@@ -210,6 +210,138 @@ static void test_production_surface(const char *path)
     CHECK(found == 0, "%zu fault variable name(s) in the production library", found);
 }
 
+/* The decision with made-up facts: no machine needed. */
+static void test_populate_decide(void)
+{
+    pinmem_populate_facts f;
+    pinmem_populate_plan plan;
+    memset(&f, 0, sizeof f);
+    f.populate_write = 1;
+    f.cpus = 64;
+    CHECK(pinmem_populate_decide(&f, &plan) == PINMEM_OK, "rule");
+    CHECK(plan.method == PINMEM_POPULATE_MADVISE && plan.method_source == PINMEM_PLAN_RULE,
+          "rule method %d source %d", plan.method, plan.method_source);
+    CHECK(plan.threads == 16 && plan.threads_source == PINMEM_PLAN_RULE, "rule threads %d",
+          plan.threads);
+    f.populate_write = 0;
+    f.cpus = 3;
+    CHECK(pinmem_populate_decide(&f, &plan) == PINMEM_OK &&
+              plan.method == PINMEM_POPULATE_FIRST_TOUCH && plan.threads == 3,
+          "no POPULATE_WRITE: touch, %d threads", plan.threads);
+
+    memset(&f, 0, sizeof f);
+    f.probed = 1;
+    f.populate_write = 1;
+    f.cpus = 8;
+    f.madvise_gbps = 2.0;
+    f.touch_gbps = 2.1; /* within 10%: madvise stays */
+    f.thread_steps = 3;
+    f.thread_count[0] = 1, f.thread_gbps[0] = 2.0;
+    f.thread_count[1] = 4, f.thread_gbps[1] = 5.0;
+    f.thread_count[2] = 8, f.thread_gbps[2] = 4.6; /* within 10% of 4: more threads win */
+    CHECK(pinmem_populate_decide(&f, &plan) == PINMEM_OK, "probed");
+    CHECK(plan.method == PINMEM_POPULATE_MADVISE && plan.method_source == PINMEM_PLAN_PROBE,
+          "ties keep madvise");
+    CHECK(plan.threads == 8 && plan.threads_source == PINMEM_PLAN_PROBE, "threads %d",
+          plan.threads);
+    f.thread_gbps[2] = 4.4; /* more than 10% slower than 4 */
+    CHECK(pinmem_populate_decide(&f, &plan) == PINMEM_OK && plan.threads == 4, "threads %d",
+          plan.threads);
+    f.touch_gbps = 2.3;
+    f.thread_gbps[2] = 6.0;
+    CHECK(pinmem_populate_decide(&f, &plan) == PINMEM_OK &&
+              plan.method == PINMEM_POPULATE_FIRST_TOUCH && plan.threads == 8,
+          "touch faster by > 10%%, 8 threads fastest: method %d threads %d", plan.method,
+          plan.threads);
+    f.thread_gbps[0] = 9.0; /* one thread beats them all (host-serialised faults) */
+    CHECK(pinmem_populate_decide(&f, &plan) == PINMEM_OK && plan.threads == 1, "one thread");
+    f.thread_steps = 9;
+    CHECK(pinmem_populate_decide(&f, &plan) == PINMEM_EINVAL, "bad steps");
+    f.thread_steps = 1;
+    f.thread_count[0] = 0;
+    CHECK(pinmem_populate_decide(&f, &plan) == PINMEM_EINVAL, "bad count");
+    CHECK(pinmem_populate_decide(NULL, &plan) == PINMEM_EINVAL, "NULL facts");
+}
+
+/* The probe for real, then the options over it. */
+static void test_populate_probe(void)
+{
+    pinmem_populate_facts f;
+    pinmem_populate_plan plan;
+    CHECK(pinmem_populate_probe(3, &f) == PINMEM_EINVAL, "bad run");
+    CHECK(pinmem_populate_probe(1, &f) == PINMEM_OK && f.probed == 1, "probe runs");
+    CHECK(f.touch_gbps > 0.0 && (f.madvise_gbps > 0.0) == (f.populate_write != 0), "rates %g %g",
+          f.touch_gbps, f.madvise_gbps);
+    CHECK(f.thread_steps >= 1 && f.thread_count[0] == 1, "steps %d", f.thread_steps);
+    for (int i = 0; i < f.thread_steps; i++)
+        CHECK(f.thread_gbps[i] > 0.0, "step %d rate", i);
+    CHECK(f.bytes >= 32 * MIB && f.seconds > 0.0, "cost %llu bytes %g s",
+          (unsigned long long)f.bytes, f.seconds);
+    double first = f.seconds;
+    CHECK(pinmem_populate_probe(0, &f) == PINMEM_OK && f.probed && f.seconds == first,
+          "kept, not rerun");
+    pinmem_populate_plan decided;
+    pinmem_populate_decide(&f, &decided);
+    CHECK(pinmem_populate_plan_get(&plan) == PINMEM_OK && plan.method == decided.method &&
+              plan.threads == decided.threads && plan.threads_source == PINMEM_PLAN_PROBE,
+          "plan in effect is the probe's");
+    pinmem_option_set(PINMEM_OPT_POPULATE_METHOD, 2);
+    pinmem_option_set(PINMEM_OPT_POPULATE_THREADS, 3);
+    CHECK(pinmem_populate_plan_get(&plan) == PINMEM_OK &&
+              plan.method == PINMEM_POPULATE_FIRST_TOUCH &&
+              plan.method_source == PINMEM_PLAN_OPTION && plan.threads == 3 &&
+              plan.threads_source == PINMEM_PLAN_OPTION,
+          "options win");
+    pinmem_alloc_params p = params(64 * MIB);
+    pinmem_region r;
+    pinmem_option_set(PINMEM_OPT_MIN_THREAD_BYTES, 4 * MIB);
+    CHECK(pinmem_alloc(&p, &r) == PINMEM_OK && r.populate_method == PINMEM_POPULATE_FIRST_TOUCH &&
+              r.threads_used == 3 && resident(&r) == r.mapped_size,
+          "alloc follows the options: method %d threads %d", r.populate_method, r.threads_used);
+    pinmem_free(r.addr);
+    pinmem_option_set(PINMEM_OPT_POPULATE_METHOD, 1);
+    if (f.populate_write) {
+        CHECK(pinmem_alloc(&p, &r) == PINMEM_OK && r.populate_method == PINMEM_POPULATE_MADVISE,
+              "method 1: madvise");
+        pinmem_free(r.addr);
+    }
+    pinmem_option_set(PINMEM_OPT_POPULATE_METHOD, 0);
+    pinmem_option_set(PINMEM_OPT_POPULATE_THREADS, 0);
+    pinmem_option_set(PINMEM_OPT_MIN_THREAD_BYTES, 64 * MIB);
+    CHECK(pinmem_populate_probe(2, &f) == PINMEM_OK && f.probed, "rerun");
+}
+
+/* A reservation far beyond RAM, and a commit beyond the room refused first. */
+static void test_memory_room(void)
+{
+    uint64_t room = 0;
+    const char *limit = NULL;
+    CHECK(pinmem_memory_room(1, &room, &limit) == PINMEM_OK && room > 0 && limit != NULL,
+          "room %llu", (unsigned long long)room);
+    CHECK(pinmem_memory_room(1, NULL, NULL) == PINMEM_EINVAL, "NULL room");
+    pinmem_caps c;
+    pinmem_probe(&c);
+    pinmem_region r, q;
+    size_t big = (size_t)c.mem_total * 3;
+    CHECK(reserve(big, PINMEM_HUGE_NEVER, &r) == PINMEM_OK, "reserve 3x RAM: %s",
+          pinmem_last_detail());
+    size_t over = (size_t)(room + 256 * MIB) / (2 * MIB) * (2 * MIB);
+    if (room < c.mem_total - 512 * MIB) {
+        int how = -1;
+        CHECK(pinmem_commit(r.addr, 0, over, PINMEM_PIN_MLOCK, 0, &how) == PINMEM_ELIMIT,
+              "commit beyond the room");
+        CHECK(strstr(pinmem_last_detail(), limit) != NULL, "names the limit: %s",
+              pinmem_last_detail());
+        CHECK(pinmem_query(r.addr, &q) == PINMEM_OK && q.committed_bytes == 0 &&
+                  resident_range(r.addr, 64 * MIB) == 0,
+              "nothing committed or resident");
+    } else {
+        printf("skip commit beyond the room: room %llu is close to RAM\n",
+               (unsigned long long)room);
+    }
+    CHECK(pinmem_free(r.addr) == PINMEM_OK, "free the reservation");
+}
+
 static void test_bad_input(void)
 {
     pinmem_region r;
@@ -1140,6 +1272,9 @@ int main(int argc, char **argv)
     pinmem_cuda_reload("");
     test_option_reports();
     test_production_surface(production);
+    test_populate_decide();
+    test_populate_probe();
+    test_memory_room();
     test_basics();
     test_bad_input();
     test_anonymous();

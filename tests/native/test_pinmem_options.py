@@ -28,6 +28,8 @@ def test_options_come_from_libpinmem() -> None:
         "mlock_mode",
         "min_thread_bytes",
         "auto_fallback_thp",
+        "populate_method",
+        "populate_probe",
     }
     for name, (option, env) in native.OPTIONS.items():
         assert env.startswith("KVPOOL_")
