@@ -218,23 +218,26 @@ typedef struct pinmem_option_info {
  *
  * The probe (pinmem_populate_probe) maps, populates and unmaps a few small
  * fresh mappings of 4 KiB pages: MADV_POPULATE_WRITE and first touch with
- * one thread, alternated (best of two each, so a burst of load on a shared
- * machine hits both), then the faster method with more threads (1, half the
- * CPUs when >= 4, all CPUs up to 16).  It touches about 100 MiB (more with
- * many CPUs) and costs tens of milliseconds, once per process; its facts
- * are kept.
+ * one thread, alternated (best of three each, so a burst of load on a
+ * shared machine hits both), then the faster method with more threads (1,
+ * half the CPUs when >= 4, all CPUs up to 16).  It touches about 150 MiB
+ * (more with many CPUs) and costs 50-100 ms on 2 CPUs, once per process;
+ * its facts are kept.
  *
  * pinmem_populate_decide turns facts into a plan (a pure function; tests
  * feed it made-up facts):
  *   - method: first touch when the kernel lacks MADV_POPULATE_WRITE, or when
- *     the probe measured first touch more than 10% faster; else
+ *     the probe measured first touch more than 25% faster; else
  *     MADV_POPULATE_WRITE (it never writes from user space, so it also
  *     suits memory that holds data);
  *   - threads: without a probe, the CPUs this process may use (at most 16);
- *     with one, the largest count within 10% of the fastest (with slices
- *     taken one by one, an extra thread that does not help costs little,
- *     and a probe of milliseconds on a loaded machine sees scaling only
- *     roughly).
+ *     with one, the largest count whose rate times 1.25 reaches the
+ *     fastest (with slices taken one by one an extra thread that does not
+ *     help costs little, and a probe of milliseconds on a loaded machine
+ *     sees scaling only roughly).
+ *   The 25% margins come from measurements on a shared 2-CPU VM: madvise
+ *   was faster per thread in every run (1.2-1.6x), while single probes
+ *   under load picked first touch or one thread by chance.
  * Every population then splits its range into slices (2 MiB aligned) that
  * the threads take one by one, so a thread slowed by other load on its CPU
  * does less of the work instead of holding everyone up.
@@ -245,7 +248,7 @@ typedef struct pinmem_option_info {
  * 0 leaves the rule to decide.  pinmem_populate_plan_get says what is in
  * effect and where each part of it came from.
  */
-#define PINMEM_PROBE_MIN_BYTES 268435456 /* 256 MiB */
+#define PINMEM_PROBE_MIN_BYTES 1073741824 /* 1 GiB */
 #define PINMEM_PROBE_STEPS 4
 
 /* Where a part of the plan came from. */

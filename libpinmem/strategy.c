@@ -12,6 +12,13 @@
 #define PM_PROBE_METHOD_BYTES ((size_t)8 << 20)
 #define PM_PROBE_THREAD_BYTES ((size_t)8 << 20) /* per thread, at least 32 MiB in all */
 #define PM_RULE_MAX_THREADS 16
+#define PM_PROBE_ROUNDS 3
+/* First touch must beat MADV_POPULATE_WRITE by this much to be chosen, and
+ * more threads are taken unless they are slower by more than this: on a
+ * shared machine a probe of milliseconds is noisy, madvise was the faster
+ * method in every measured run here (1.2-1.6x per thread), and with slices
+ * taken one by one an extra thread that does not help costs little. */
+#define PM_PROBE_MARGIN 1.25
 
 /* The probe's facts, guarded by pm_probe_lock (held while probing, so a
  * population that needs them waits for a probe in progress). */
@@ -61,11 +68,12 @@ static double pm_probe_sample(size_t bytes, int method, int threads, uint64_t *t
     return (double)bytes / seconds / 1e9;
 }
 
-/* Best of two samples, so a burst of other load hits both methods alike. */
+/* Best of PM_PROBE_ROUNDS samples, alternated, so a burst of other load
+ * hits both methods alike and the least disturbed sample counts. */
 static void pm_probe_methods(pinmem_populate_facts *f)
 {
     double madvise = 0.0, touch = 0.0;
-    for (int round = 0; round < 2; round++) {
+    for (int round = 0; round < PM_PROBE_ROUNDS; round++) {
         if (f->populate_write) {
             double m = pm_probe_sample(PM_PROBE_METHOD_BYTES, PINMEM_POPULATE_MADVISE, 1,
                                        &f->bytes);
@@ -101,7 +109,7 @@ static void pm_probe_threads(pinmem_populate_facts *f, int method)
         if (bytes < ((size_t)32 << 20))
             bytes = (size_t)32 << 20;
         double best = 0.0;
-        for (int round = 0; round < 2; round++) {
+        for (int round = 0; round < PM_PROBE_ROUNDS; round++) {
             double r = pm_probe_sample(bytes, method, counts[i], &f->bytes);
             best = r > best ? r : best;
         }
@@ -182,7 +190,7 @@ PINMEM_API int pinmem_populate_decide(const pinmem_populate_facts *f, pinmem_pop
     if (!f->populate_write) {
         out->method = PINMEM_POPULATE_FIRST_TOUCH;
         out->method_source = PINMEM_PLAN_RULE;
-    } else if (f->probed && f->touch_gbps > f->madvise_gbps * 1.10) {
+    } else if (f->probed && f->touch_gbps > f->madvise_gbps * PM_PROBE_MARGIN) {
         out->method = PINMEM_POPULATE_FIRST_TOUCH;
     }
     out->threads = pm_rule_threads(f->cpus);
@@ -192,13 +200,11 @@ PINMEM_API int pinmem_populate_decide(const pinmem_populate_facts *f, pinmem_pop
         for (int i = 0; i < f->thread_steps; i++)
             best = f->thread_gbps[i] > best ? f->thread_gbps[i] : best;
         if (best > 0.0) {
-            /* The most threads within 10% of the fastest count: with
-             * slices taken one by one an extra thread that does not help
-             * costs little, and a probe of milliseconds on a loaded machine
-             * sees scaling only roughly. */
+            /* The most threads not slower than the fastest count by more
+             * than the margin. */
             int pick = 0;
             for (int i = 0; i < f->thread_steps; i++)
-                if (f->thread_gbps[i] >= 0.9 * best && f->thread_count[i] > pick)
+                if (f->thread_gbps[i] * PM_PROBE_MARGIN >= best && f->thread_count[i] > pick)
                     pick = f->thread_count[i];
             out->threads = pick;
             out->threads_source = PINMEM_PLAN_PROBE;

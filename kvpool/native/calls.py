@@ -446,7 +446,7 @@ class PopulatePlan:
 
     Attributes:
         method: ``"madvise"`` (MADV_POPULATE_WRITE) or ``"first-touch"``.
-        threads: threads for a mapping of 256 MiB or more.
+        threads: threads for a mapping of 1 GiB (``PINMEM_PROBE_MIN_BYTES``) or more.
         method_source, threads_source: ``"rule"``, ``"probe"`` or ``"option"``.
     """
 

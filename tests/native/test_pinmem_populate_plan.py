@@ -33,7 +33,7 @@ def test_rule_without_a_probe() -> None:
 
 @pytest.mark.parametrize(
     ("madvise", "touch", "method"),
-    [(3.0, 2.0, "madvise"), (2.0, 2.15, "madvise"), (2.0, 2.3, "first-touch")],
+    [(3.0, 2.0, "madvise"), (2.0, 2.4, "madvise"), (2.0, 2.6, "first-touch")],
 )
 def test_method_from_measurements(madvise: float, touch: float, method: str) -> None:
     plan = native.populate_decide(facts(madvise_gbps=madvise, touch_gbps=touch))
@@ -48,10 +48,10 @@ def test_kernel_without_populate_write_means_first_touch_whatever_was_measured()
 @pytest.mark.parametrize(
     ("steps", "threads"),
     [
-        (((1, 2.0), (4, 5.0), (8, 4.6)), 8),  # within 10% of the fastest: more threads
-        (((1, 2.0), (4, 5.0), (8, 4.4)), 4),  # more than 10% slower: not taken
+        (((1, 2.0), (4, 5.0), (8, 4.1)), 8),  # within 25% of the fastest: more threads
+        (((1, 2.0), (4, 5.0), (8, 3.9)), 4),  # more than 25% slower: not taken
         (((1, 9.0), (4, 5.0), (8, 4.0)), 1),  # faults serialised by the host: one thread
-        (((1, 2.0), (2, 3.9)), 2),
+        (((1, 2.0), (2, 1.7)), 2),  # a little slower: still both threads
     ],
 )
 def test_threads_from_measurements(steps: tuple[tuple[int, float], ...], threads: int) -> None:
@@ -135,10 +135,10 @@ print("after", native.populate_probe("report").probed, plan.method, plan.method_
 @pytest.mark.parametrize(
     ("env", "size", "expected"),
     [
-        ({}, 256 * MIB, ["before False", "after True"]),  # a large populate probes first
+        ({}, 1024 * MIB, ["before False", "after True"]),  # a large populate probes first
         ({}, 64 * MIB, ["before False", "after False"]),  # a small one uses the rule
-        ({"KVPOOL_POPULATE_PROBE": "0"}, 256 * MIB, ["before False", "after False"]),
-        ({"KVPOOL_POPULATE_METHOD": "2", "KVPOOL_POPULATE_THREADS": "1"}, 256 * MIB, None),
+        ({"KVPOOL_POPULATE_PROBE": "0"}, 1024 * MIB, ["before False", "after False"]),
+        ({"KVPOOL_POPULATE_METHOD": "2", "KVPOOL_POPULATE_THREADS": "1"}, 1024 * MIB, None),
     ],
 )
 def test_probe_runs_once_per_process_when_needed(
