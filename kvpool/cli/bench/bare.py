@@ -39,11 +39,13 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["METHODS", "BareMethod", "bare_methods", "torch_zeros"]
+__all__ = ["MAP_POPULATE", "METHODS", "BareMethod", "bare_methods", "torch_zeros"]
 
 _PROT_RW = 0x1 | 0x2
 _MAP_PRIVATE_ANON = 0x02 | 0x20
 _MAP_POPULATE = 0x8000
+#: ``mmap``'s MAP_POPULATE flag, for :class:`BareMethod`.
+MAP_POPULATE = _MAP_POPULATE
 _MAP_LOCKED = 0x2000
 _MAP_HUGETLB = 0x40000
 _MAP_HUGE_2MB = 21 << 26

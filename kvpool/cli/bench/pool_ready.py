@@ -17,6 +17,7 @@ locking variants, with and without hugepages, takes medians and draws a plot.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import time
@@ -46,6 +47,7 @@ __all__ = [
     "time_allocate_host",
     "time_default_pool",
     "time_torch_zeros",
+    "warm_up",
 ]
 
 #: Pool size of ``--quick`` runs when ``--size`` is not given.
@@ -133,6 +135,20 @@ def time_torch_zeros(size: int) -> tuple[float, str]:
     return bare.torch_zeros(size), f"torch {torch.__version__}, {torch.get_num_threads()} thread(s)"
 
 
+def warm_up(size: int, *, hugetlb: bool) -> None:
+    """Fault size bytes once, untimed, so that every variant meets memory in the same state.
+
+    On a VM the first touch of memory the host has not backed yet (or of
+    freshly reserved hugepages) is several times slower; without this the
+    variant that happens to run first pays for it.  With ``hugetlb`` the
+    hugepage pool's pages are touched too (when enough are free).
+    """
+    bare.torch_zeros(size)
+    if hugetlb:
+        with contextlib.suppress(OSError):
+            bare.BareMethod("warm-up", bare.MAP_POPULATE, hugetlb=True)(size)
+
+
 def _setup(settings: Settings) -> Case:
     size = settings.size
     avail = mem_available()
@@ -146,6 +162,7 @@ def _setup(settings: Settings) -> Case:
     caps = capabilities(probe_populate=True)
     pool = caps.hugepage_pool(2048)
     threads = max(1, min(len(os.sched_getaffinity(0)), 16))
+    warm_up(size, hugetlb=bool(pool and pool.free * 2 * MiB >= size))
     subject = DEFAULT_POOL
     baseline = "torch.zeros"
     info: dict[str, Any] = {

@@ -14,7 +14,9 @@ One run, trials interleaved (the order rotates each trial), median of
   also their hugetlb forms;
 
 with the ratios of the default pool to torch.zeros and to the fastest bare
-method of the same phase.  The first phase runs on the machine as it is
+method of the same phase.  Each phase starts with an untimed warm-up (the
+size faulted once, hugepages too), so that the first variant does not pay
+for memory the VM's host has not backed yet.  The first phase runs on the machine as it is
 (reported: how many 2 MiB pages were free); with ``--hugepages N`` (root) a
 second phase reserves N pages (``/proc/sys/vm/nr_hugepages``) and the old
 value is restored afterwards, also on errors.  A variant the machine refuses
@@ -49,6 +51,7 @@ from kvpool.cli.bench.pool_ready import (
     time_allocate_host,
     time_default_pool,
     time_torch_zeros,
+    warm_up,
 )
 from kvpool.native.machine import capabilities
 
@@ -100,6 +103,7 @@ def run_phase(size: int, trials: int, threads: int, *, hugetlb: bool) -> dict[st
         methods += bare.bare_methods(threads, hugetlb=True)
     for method in methods:
         variants[f"bare {method.name}"] = lambda m=method: m(size)
+    warm_up(size, hugetlb=hugetlb)
     names = list(variants)
     samples: dict[str, list[float]] = {name: [] for name in names}
     skipped: dict[str, str] = {}
