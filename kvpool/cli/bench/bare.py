@@ -39,7 +39,7 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["MAP_POPULATE", "METHODS", "BareMethod", "bare_methods", "torch_zeros"]
+__all__ = ["MAP_POPULATE", "METHODS", "BareMethod", "bare_methods", "madvise_all", "torch_zeros"]
 
 _PROT_RW = 0x1 | 0x2
 _MAP_PRIVATE_ANON = 0x02 | 0x20
@@ -123,6 +123,11 @@ def _parallel(work: Callable[[int, int], None], addr: int, size: int, threads: i
 def _madvise(start: int, length: int) -> None:
     if _libc.madvise(start, length, _MADV_POPULATE_WRITE) != 0:
         raise _os_error("madvise(MADV_POPULATE_WRITE)")
+
+
+def madvise_all(addr: int, size: int, threads: int) -> None:
+    """MADV_POPULATE_WRITE of [addr, addr+size) on threads threads (equal shares)."""
+    _parallel(_madvise, addr, size, threads)
 
 
 def _touch(addr: int, size: int, threads: int) -> None:

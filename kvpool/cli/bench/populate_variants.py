@@ -15,8 +15,11 @@ One run, trials interleaved (the order rotates each trial), median of
 
 with the ratios of the default pool to torch.zeros and to the fastest bare
 method of the same phase.  Each phase starts with an untimed warm-up (the
-size faulted once, hugepages too), so that the first variant does not pay
-for memory the VM's host has not backed yet.  The first phase runs on the machine as it is
+size faulted once, hugepages too), and by default each variant runs right
+after the size was faulted and freed again (untimed), so that every variant
+meets memory in the same state: on a VM that gives freed memory back to its
+host, memory freed a few seconds ago is cold, and the order of the variants
+would otherwise decide their speed.  The first phase runs on the machine as it is
 (reported: how many 2 MiB pages were free); with ``--hugepages N`` (root) a
 second phase reserves N pages (``/proc/sys/vm/nr_hugepages``) and the old
 value is restored afterwards, also on errors.  A variant the machine refuses
@@ -75,8 +78,15 @@ def reserved_hugepages(pages: int) -> Iterator[None]:
         print(f"nr_hugepages restored to {NR_HUGEPAGES.read_text().strip()}")
 
 
-def run_phase(size: int, trials: int, threads: int, *, hugetlb: bool) -> dict[str, Any]:
+def run_phase(
+    size: int, trials: int, threads: int, *, hugetlb: bool, warm_each: bool = True
+) -> dict[str, Any]:
     """Run every variant ``trials`` times, interleaved; return samples, skips and descriptions.
+
+    warm_each: before each variant, fault and free ``size`` bytes of 4 KiB
+    pages (untimed), so every variant meets memory the VM's host backs now;
+    without it each meets what the one before left (on a VM with free-page
+    reporting, memory freed seconds ago is already cold).
 
     Returns:
         ``{"samples": {name: [seconds...]}, "skipped": {name: reason},
@@ -104,6 +114,7 @@ def run_phase(size: int, trials: int, threads: int, *, hugetlb: bool) -> dict[st
     for method in methods:
         variants[f"bare {method.name}"] = lambda m=method: m(size)
     warm_up(size, hugetlb=hugetlb)
+    refresh = bare.BareMethod("warm-up", fill=lambda a, s: bare.madvise_all(a, s, threads))
     names = list(variants)
     samples: dict[str, list[float]] = {name: [] for name in names}
     skipped: dict[str, str] = {}
@@ -112,6 +123,8 @@ def run_phase(size: int, trials: int, threads: int, *, hugetlb: bool) -> dict[st
         for name in order:
             if name in skipped:
                 continue
+            if warm_each:
+                refresh(size)
             try:
                 seconds = variants[name]()
             except OSError as exc:
@@ -214,6 +227,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     parser.add_argument("--plot", metavar="FILE.png", help="bar chart of both phases")
+    parser.add_argument(
+        "--no-warm-each",
+        action="store_true",
+        help="do not fault and free the size before each variant (see run_phase)",
+    )
     args = parser.parse_args(argv)
     size = parse_size(args.size)
     if args.trials < 1:
@@ -226,7 +244,9 @@ def main(argv: list[str] | None = None) -> int:
 
     def phase(title: str, hugetlb: bool) -> None:
         print(f"{title}: {size / 2**30:.3g} GiB, {args.trials} interleaved trial(s)")
-        ran = run_phase(size, args.trials, threads, hugetlb=hugetlb)
+        ran = run_phase(
+            size, args.trials, threads, hugetlb=hugetlb, warm_each=not args.no_warm_each
+        )
         title = f"{title} ({ran['hugepages_free']} free 2 MiB pages)"
         summary = summarize(size, ran)
         _print_table(title, size, ran, summary)
