@@ -211,7 +211,7 @@ def _plot(path: str, size: int, phases: dict[str, dict[str, Any]]) -> None:
         ]
         ax.barh(names[::-1], values[::-1], color=colors[::-1])
         ax.set_xlabel(f"GB/s, {size / 2**30:.3g} GiB made resident (median)")
-        ax.set_title(title)
+        ax.set_title(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     print(f"plot written to {path}")
