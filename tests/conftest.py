@@ -61,8 +61,6 @@ def _use_test_build() -> None:
     os.environ["KVPOOL_LIBPINMEM"] = str(TEST_BUILD)
 
 
-_use_test_build()
-
 # Before kvpool is imported: it loads libpinmem when it is.
 _use_test_build()
 
