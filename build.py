@@ -10,10 +10,17 @@ Outputs (in ``--out``, default ``kvpool/native/``):
 
 * ``libpinmem.so``   -- the shared library, loaded by absolute path;
 * ``_pinmem_ffi.py`` -- the out-of-line ABI-mode cffi module, generated
-  from the block of ``libpinmem/pinmem.h`` between the ``PINMEM_CDEF``
-  markers.
+  from the blocks of ``libpinmem/pinmem.h`` between the ``PINMEM_CDEF``
+  and ``PINMEM_TEST_CDEF`` markers (a production library lacks the test
+  calls; cffi resolves a call only when it is used).
 
-Usage: ``python build.py [--out DIR] [--build-dir DIR] [--force]``.
+With ``--testing`` it also builds the test build of the library,
+``<build-dir>/testing/libpinmem.so``: the same sources compiled with
+``-DPINMEM_TESTING``, which adds the fault switches of pinmem.h
+(``pinmem_test_set_fault``).  The C tests and the Python test suites load
+that one; nothing installed ever contains it.
+
+Usage: ``python build.py [--out DIR] [--build-dir DIR] [--force] [--testing]``.
 The compiler is ``$CC`` (default ``cc``); ``$CFLAGS``/``$LDFLAGS`` are
 appended to the fixed flags.
 """
@@ -46,6 +53,9 @@ LDFLAGS = ["-shared", "-pthread", "-Wl,--no-undefined"]
 LIBS = ["-ldl", "-lrt"]
 LIBRARY = "libpinmem.so"
 FFI_MODULE = "_pinmem_ffi.py"
+#: Where, under the build directory, the test build goes.
+TESTING_DIR = "testing"
+TESTING_CFLAGS = ["-DPINMEM_TESTING"]
 
 
 def sources() -> list[Path]:
@@ -53,17 +63,21 @@ def sources() -> list[Path]:
     return sorted(SRC.glob("*.c"))
 
 
+def _block(text: str, marker: str, header: Path) -> str:
+    match = re.search(rf"/\* {marker}_BEGIN \*/(.*?)/\* {marker}_END \*/", text, re.S)
+    if match is None:
+        raise RuntimeError(f"{header}: {marker}_BEGIN/END markers not found")
+    return match.group(1).replace("PINMEM_API ", "")
+
+
 def cdef_text(header: Path = HEADER) -> str:
-    """Return the cffi declarations: the header's PINMEM_CDEF block.
+    """Return the cffi declarations: the header's PINMEM_CDEF and PINMEM_TEST_CDEF blocks.
 
     Raises:
         RuntimeError: the markers are missing.
     """
     text = header.read_text()
-    match = re.search(r"/\* PINMEM_CDEF_BEGIN \*/(.*?)/\* PINMEM_CDEF_END \*/", text, re.S)
-    if match is None:
-        raise RuntimeError(f"{header}: PINMEM_CDEF_BEGIN/END markers not found")
-    return match.group(1).replace("PINMEM_API ", "")
+    return _block(text, "PINMEM_CDEF", header) + _block(text, "PINMEM_TEST_CDEF", header)
 
 
 def _compiler() -> list[str]:
@@ -84,18 +98,27 @@ def _run(cmd: list[str], verbose: bool) -> None:
     subprocess.run(cmd, check=True)
 
 
-def build_library(build_dir: Path, *, force: bool = False, verbose: bool = True) -> Path:
-    """Compile and link libpinmem into build_dir; return the .so path."""
+def build_library(
+    build_dir: Path, *, force: bool = False, verbose: bool = True, testing: bool = False
+) -> Path:
+    """Compile and link libpinmem into build_dir; return the .so path.
+
+    testing: build the test build (``-DPINMEM_TESTING``) into
+    ``build_dir/testing`` instead.
+    """
+    if testing:
+        build_dir = build_dir / TESTING_DIR
     build_dir.mkdir(parents=True, exist_ok=True)
     headers = sorted(SRC.glob("*.h"))
     extra_cflags = shlex.split(os.environ.get("CFLAGS", ""))
     extra_ldflags = shlex.split(os.environ.get("LDFLAGS", ""))
+    flags = [*CFLAGS, *(TESTING_CFLAGS if testing else []), *extra_cflags]
     objects = []
     for src in sources():
         obj = build_dir / (src.stem + ".o")
         objects.append(obj)
         if force or not _newer(obj, [src, *headers]):
-            _run([*_compiler(), *CFLAGS, *extra_cflags, "-c", str(src), "-o", str(obj)], verbose)
+            _run([*_compiler(), *flags, "-c", str(src), "-o", str(obj)], verbose)
     lib = build_dir / LIBRARY
     if force or not _newer(lib, objects):
         cmd = [*_compiler(), *LDFLAGS, *extra_ldflags, "-o", str(lib)]
@@ -121,8 +144,13 @@ def build(
     *,
     force: bool = False,
     verbose: bool = True,
+    testing: bool = False,
 ) -> list[Path]:
-    """Build the library and the cffi module into out_dir; return both paths."""
+    """Build the library and the cffi module into out_dir; return their paths.
+
+    testing: also build the test build into ``build_dir/testing`` (its path
+    is returned last).
+    """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     lib = build_library(Path(build_dir), force=force, verbose=verbose)
@@ -134,7 +162,10 @@ def build(
     ffi_out = out / FFI_MODULE
     if force or not _newer(ffi_out, [HEADER, Path(__file__)]):
         write_ffi_module(ffi_out)
-    return [lib_out, ffi_out]
+    built = [lib_out, ffi_out]
+    if testing:
+        built.append(build_library(Path(build_dir), force=force, verbose=verbose, testing=True))
+    return built
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,9 +175,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--build-dir", default=str(SRC / "build"), help="object directory")
     parser.add_argument("--force", action="store_true", help="rebuild everything")
     parser.add_argument("--quiet", action="store_true", help="do not echo commands")
+    parser.add_argument(
+        "--testing", action="store_true", help="also build the test build (-DPINMEM_TESTING)"
+    )
     args = parser.parse_args(argv)
     try:
-        for path in build(args.out, args.build_dir, force=args.force, verbose=not args.quiet):
+        built = build(
+            args.out, args.build_dir, force=args.force, verbose=not args.quiet, testing=args.testing
+        )
+        for path in built:
             if not args.quiet:
                 print(f"built {path}")
     except subprocess.CalledProcessError as exc:

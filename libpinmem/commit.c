@@ -81,22 +81,9 @@ static int pm_commit_begin(pm_entry *e, void *arg)
     /* Stay with the runtime that registered the rest of this mapping. */
     if (e->cuda != NULL)
         c->cuda = e->cuda;
-    switch (c->pin) {
-    case PINMEM_PIN_AUTO:
-        c->plan = c->cuda != NULL ? PM_PLAN_CUDA_REGISTER : PM_PLAN_MLOCK_SOFT;
-        break;
-    case PINMEM_PIN_NONE:
-        c->plan = PM_PLAN_NONE;
-        break;
-    case PINMEM_PIN_MLOCK:
-        c->plan = PM_PLAN_MLOCK;
-        break;
-    default: /* PINMEM_PIN_CUDA_REGISTER */
-        if (c->cuda == NULL)
-            return pm_fail(PINMEM_ENO_CUDA, 0, "cuda-register pinning needs CUDA: %s", c->why);
-        c->plan = PM_PLAN_CUDA_REGISTER;
-        break;
-    }
+    int rc = pm_range_plan(c->pin, c->cuda, c->why, &c->plan);
+    if (rc != PINMEM_OK)
+        return rc;
     if (pm_ranges_reserve(e, 1) != 0)
         return pm_fail(PINMEM_ENOMEM, ENOMEM, "out of memory for the registry entry");
     int aim = PINMEM_PINNED_NONE;
@@ -201,8 +188,11 @@ PINMEM_API int pinmem_commit(void *addr, size_t offset, size_t len, int pin, int
     if (rc != PINMEM_OK)
         return rc;
 
-    c.status = pm_fill_range(c.base + c.offset, c.len, c.page, c.hugetlb, c.plan, c.cuda, 1,
-                             threads, PM_TOUCH_KEEP, &c.fill);
+    /* The memory limits first (hugetlb pages come from their own pool). */
+    c.status = c.hugetlb ? PINMEM_OK : pm_check_room(c.len, c.plan != PM_PLAN_NONE);
+    if (c.status == PINMEM_OK)
+        c.status = pm_fill_range(c.base + c.offset, c.len, c.page, c.hugetlb, c.plan, c.cuda,
+                                 1, threads, PM_TOUCH_KEEP, &c.fill);
     int err = pinmem_last_errno();
     char detail[768] = "";
     if (c.status != PINMEM_OK)

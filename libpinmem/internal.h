@@ -19,6 +19,12 @@
 #define PM_MIB ((uint64_t)1 << 20)
 #define PM_GIB ((uint64_t)1 << 30)
 
+/* cudaHostAllocPortable == cudaHostRegisterPortable == 1. */
+#define PM_CUDA_PORTABLE 1u
+#define PM_CUDA_ERROR_MEMORY_ALLOCATION 2
+
+static inline size_t pm_round_up(size_t v, size_t to) { return (v + to - 1) / to * to; }
+
 /* ---- status.c: thread-local failure detail ---- */
 
 /* Record a failure for pinmem_last_detail()/pinmem_last_errno() and return
@@ -33,11 +39,20 @@ PM_HIDDEN const char *pm_fmt_bytes(char *buf, size_t len, uint64_t bytes);
 
 PM_HIDDEN int64_t pm_opt(int option);
 
+/* ---- fault.c: test-only faults (PINMEM_TESTING builds) ---- */
+
+#ifdef PINMEM_TESTING
+/* Nonzero while the pinmem_fault is switched on. */
+PM_HIDDEN int pm_fault(int fault);
+#else
+/* Production builds have no faults: every check folds away. */
+#define pm_fault(fault) 0
+#endif
+
 /* ---- util.c: small OS helpers ---- */
 
 PM_HIDDEN size_t pm_page_size(void);
 PM_HIDDEN int pm_affinity_cpus(void);
-PM_HIDDEN int pm_default_threads(void);
 /* Read a small text file into buf (NUL-terminated); 0 on success. */
 PM_HIDDEN int pm_read_text(const char *path, char *buf, size_t len);
 /* Read one integer from a file; 0 on success. */
@@ -47,9 +62,36 @@ PM_HIDDEN uint64_t pm_mem_total(void);
 PM_HIDDEN int pm_parse_list(const char *text, int *out, int max, int *count);
 PM_HIDDEN int pm_thp_mode(void);
 PM_HIDDEN int pm_populate_write_supported(void);
-PM_HIDDEN int pm_mlock(void *addr, size_t len);
-/* mlock2(MLOCK_ONFAULT): pages lock as they are faulted in. */
-PM_HIDDEN int pm_mlock_onfault(void *addr, size_t len);
+
+/* ---- limits.c ---- */
+
+/* PINMEM_OK when len bytes fit within pinmem_memory_room, else
+ * PINMEM_ELIMIT naming the limit. */
+PM_HIDDEN int pm_check_room(size_t len, int pinned);
+
+/* ---- map.c: private anonymous and hugetlb mappings ---- */
+
+/* len bytes of private anonymous memory, 2 MiB aligned when len >= 2 MiB
+ * (so THP can back it); MAP_FAILED with errno set on failure.  noreserve:
+ * MAP_NORESERVE, for reservations that are committed step by step (the
+ * commits check the memory limits instead of the overcommit accounting). */
+PM_HIDDEN void *pm_map_anonymous(size_t len, int noreserve);
+/* len bytes (a multiple of 2 MiB) of 2 MiB hugetlb pages; MAP_FAILED. */
+PM_HIDDEN void *pm_map_hugetlb(size_t len);
+/* MADV_HUGEPAGE; 1 when transparent hugepages can now back the range. */
+PM_HIDDEN int pm_advise_thp(void *addr, size_t len);
+/* PINMEM_EHUGEPAGES with a detail naming the pool's counts and the fix. */
+PM_HIDDEN int pm_hugepages_short(size_t need, int node, int err);
+
+/* ---- shm.c ---- */
+
+/* Create (or, with PINMEM_SHM_REUSE, replace) a segment of mapped bytes
+ * after checking /dev/shm has room, and map it; on failure the name is
+ * removed again. */
+PM_HIDDEN int pm_shm_create(const char *name, size_t mapped, int flags, unsigned int mode,
+                            void **addr_out, dev_t *dev, ino_t *ino);
+/* Unlink name only if it still names the segment (dev, ino); 1 if it did. */
+PM_HIDDEN int pm_shm_unlink_if_same(const char *name, dev_t dev, ino_t ino);
 
 /* ---- numa.c ---- */
 
@@ -72,15 +114,30 @@ enum pm_touch {
                         * concurrent writers (commits of private memory) */
 };
 
-/* Populate [addr, addr+len) with up to threads threads.  preserve: a
- * pm_touch, used where MADV_POPULATE_WRITE is unavailable (that never
- * changes contents).  lock: mlock the range once it is
- * resident -- each thread its own chunk when lock_in_threads, else one
- * call at the end; *lock_errno receives the first mlock failure (0 if
- * none). */
+/* Populate [addr, addr+len) per the populate plan (method and threads;
+ * threads > 0 overrides the plan's count, and the count is capped at one
+ * thread per PINMEM_OPT_MIN_THREAD_BYTES).  touch: the pm_touch used where
+ * first touch is the method (MADV_POPULATE_WRITE never changes contents).
+ * lock: mlock the range once resident -- each slice as it is done when
+ * lock_in_threads, else one call at the end; *lock_errno receives the
+ * first mlock failure (0 if none). */
 PM_HIDDEN int pm_populate(void *addr, size_t len, size_t page, int threads, int touch,
                           int lock, int lock_in_threads, int *method, int *threads_used,
                           int *lock_errno);
+/* The same with an explicit method (pinmem_populate_method: MADVISE, which
+ * falls back to first touch per slice where the kernel refuses it, or
+ * FIRST_TOUCH) and thread count; lock_in_threads: mlock each slice. */
+PM_HIDDEN int pm_populate_run(void *addr, size_t len, size_t page, int method, int threads,
+                              int touch, int lock_in_threads, int *method_used,
+                              int *threads_used, int *lock_errno);
+
+/* ---- strategy.c: the populate plan ---- */
+
+/* Method and thread count for populating len bytes; requested > 0 is the
+ * caller's thread count.  Runs the probe first when the plan needs it. */
+PM_HIDDEN void pm_plan_resolve(size_t len, int requested, int *method, int *threads);
+/* Threads of the plan in effect (never probes). */
+PM_HIDDEN int pm_default_threads(void);
 
 /* ---- cuda.c ---- */
 
@@ -102,33 +159,6 @@ PM_HIDDEN const char *pm_cuda_errstr(const pm_cuda_api *api, int err);
 PM_HIDDEN void pm_cuda_clear_error(const pm_cuda_api *api);
 /* Fill the CUDA part of the probe. */
 PM_HIDDEN void pm_cuda_probe(pinmem_caps *caps);
-
-/* ---- alloc.c: populate and pin one range ---- */
-
-enum pm_plan {
-    PM_PLAN_NONE,
-    PM_PLAN_MLOCK_SOFT, /* try mlock, report "none" when refused */
-    PM_PLAN_MLOCK,      /* mlock or fail */
-    PM_PLAN_CUDA_ALLOC,
-    PM_PLAN_CUDA_REGISTER,
-};
-
-/* What pm_fill_range did. */
-typedef struct pm_fill {
-    int pinned;             /* pinmem_pinned */
-    int method;             /* pinmem_populate_method */
-    int threads_used;
-    int register_chunks;    /* cudaHostRegister calls (CUDA_REGISTER only) */
-    size_t register_chunk;  /* bytes per call */
-} pm_fill;
-
-/* Populate (when populate or the plan pins) and pin [addr, addr+len) of a
- * mapping with pages of page bytes (hugetlb: 2 MiB pages, mlocked after
- * populating) per plan, a pm_plan other than CUDA_ALLOC.  On failure
- * nothing of the range stays locked or registered. */
-PM_HIDDEN int pm_fill_range(char *addr, size_t len, size_t page, int hugetlb, int plan,
-                            const pm_cuda_api *cuda, int populate, int threads, int touch,
-                            pm_fill *out);
 
 /* ---- registry.c ---- */
 
@@ -196,5 +226,48 @@ PM_HIDDEN void pm_range_remove(pm_entry *entry, pm_range *range);
 PM_HIDDEN const pm_range *pm_range_overlap(const pm_entry *entry, size_t offset, size_t len);
 /* Recompute region.committed_bytes, pinned_bytes, pinned, register_chunks. */
 PM_HIDDEN void pm_entry_totals(pm_entry *entry);
+
+/* ---- pin.c: populate and pin one range ---- */
+
+enum pm_plan {
+    PM_PLAN_NONE,
+    PM_PLAN_MLOCK_SOFT, /* try mlock, report "none" when refused */
+    PM_PLAN_MLOCK,      /* mlock or fail */
+    PM_PLAN_CUDA_ALLOC,
+    PM_PLAN_CUDA_REGISTER,
+};
+
+/* What pm_fill_range did. */
+typedef struct pm_fill {
+    int pinned;             /* pinmem_pinned */
+    int method;             /* pinmem_populate_method */
+    int threads_used;
+    int register_chunks;    /* cudaHostRegister calls (CUDA_REGISTER only) */
+    size_t register_chunk;  /* bytes per call */
+} pm_fill;
+
+/* Populate (when populate or the plan pins) and pin [addr, addr+len) of a
+ * mapping with pages of page bytes (hugetlb: 2 MiB pages, mlocked after
+ * populating) per plan, a pm_plan other than CUDA_ALLOC.  On failure
+ * nothing of the range stays locked or registered. */
+PM_HIDDEN int pm_fill_range(char *addr, size_t len, size_t page, int hugetlb, int plan,
+                            const pm_cuda_api *cuda, int populate, int threads, int touch,
+                            pm_fill *out);
+
+/* mlock, and mlock2(MLOCK_ONFAULT) (pages lock as they are faulted in). */
+PM_HIDDEN int pm_mlock(void *addr, size_t len);
+PM_HIDDEN int pm_mlock_onfault(void *addr, size_t len);
+/* The plan for pinning an existing range per pin (AUTO, NONE, MLOCK,
+ * CUDA_REGISTER): cuda is the usable runtime or NULL (why says why). */
+PM_HIDDEN int pm_range_plan(int pin, const pm_cuda_api *cuda, const char *why, int *plan);
+/* Populate and pin a fresh, unregistered entry per plan; fill its region
+ * fields and record what was populated or pinned as one committed range. */
+PM_HIDDEN int pm_entry_fill(pm_entry *e, int plan, const pm_cuda_api *cuda, int populate,
+                            int threads, int touch);
+
+/* ---- free.c ---- */
+
+/* Undo an entry that never reached the registry: unmap, remove its name. */
+PM_HIDDEN void pm_entry_discard(pm_entry *e);
 
 #endif /* PINMEM_INTERNAL_H */

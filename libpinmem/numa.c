@@ -84,7 +84,7 @@ int pm_mbind(void *addr, size_t len, int node, int *bound)
     mask[node / (8 * sizeof(unsigned long))] |= 1UL << (node % (8 * sizeof(unsigned long)));
     long rc;
     int err;
-    if (pm_opt(PINMEM_OPT_FAKE_MBIND_EPERM)) {
+    if (pm_fault(PINMEM_FAULT_MBIND_EPERM)) {
         rc = -1;
         err = EPERM;
     } else {

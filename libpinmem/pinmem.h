@@ -49,7 +49,7 @@ extern "C" {
 
 /* PINMEM_CDEF_BEGIN */
 
-#define PINMEM_VERSION 2
+#define PINMEM_VERSION 3
 #define PINMEM_MAX_NUMA_NODES 1024
 #define PINMEM_MAX_HUGEPAGE_SIZES 8
 #define PINMEM_PATH_MAX 512
@@ -72,7 +72,9 @@ typedef enum pinmem_status {
     PINMEM_ESYS = 13,           /* another operating-system call failed */
     PINMEM_EBUSY = 14,          /* in use: CUDA mappings live, or a commit in progress */
     PINMEM_ETOO_LARGE = 15,     /* size beyond what the machine can map or hold */
-    PINMEM_STATUS_COUNT = 16
+    PINMEM_EOPTION = 16,        /* a KVPOOL_* variable held an invalid option value */
+    PINMEM_ELIMIT = 17,         /* it would exceed an effective memory limit (RAM, cgroup) */
+    PINMEM_STATUS_COUNT = 18
 } pinmem_status;
 
 /* How a request wants its memory pinned. */
@@ -130,19 +132,21 @@ typedef enum pinmem_populate_method {
 /*
  * Options, in the mimalloc style: each has a default, an environment
  * variable read once on first use, and pinmem_option_set() to change it.
+ * An environment variable whose text is not a number in the option's
+ * range is never silently replaced: the default stays in effect, and
+ * pinmem_option_check() / pinmem_option_describe() report the variable,
+ * its text and the accepted range (the caller decides how to warn; the
+ * library never prints).
  *
- *   PINMEM_OPT_POPULATE_THREADS      KVPOOL_POPULATE_THREADS       0 = CPUs in
- *        the affinity mask, at most 16.  Threads used to populate a mapping.
+ *   PINMEM_OPT_POPULATE_THREADS      KVPOOL_POPULATE_THREADS       0 = auto: the
+ *        populate plan's count (the probe's choice, else the CPUs in the
+ *        affinity mask, at most 16).  Threads used to populate a mapping.
  *   PINMEM_OPT_REGISTER_CHUNK        KVPOOL_REGISTER_CHUNK_BYTES   64 GiB.
  *        Largest single cudaHostRegister call.
  *   PINMEM_OPT_REGISTER_THRESHOLD    KVPOOL_REGISTER_THRESHOLD_BYTES 512 GiB.
  *        At or above this size CUDA pinning always takes the register path.
  *   PINMEM_OPT_USE_POPULATE_WRITE    KVPOOL_USE_POPULATE_WRITE     1.  0 makes
  *        populate behave as if the kernel lacked MADV_POPULATE_WRITE.
- *   PINMEM_OPT_FAKE_MBIND_EPERM      KVPOOL_FAKE_MBIND_EPERM       0.  1 makes
- *        mbind behave as if refused with EPERM (as in containers).
- *   PINMEM_OPT_FAKE_MLOCK_EPERM      KVPOOL_FAKE_MLOCK_EPERM       0.  1 makes
- *        mlock behave as if refused with EPERM.
  *   PINMEM_OPT_MLOCK_MODE            KVPOOL_MLOCK_MODE             3.  How mlock
  *        pinning is done: 0 = one mlock call after populating; 1 = each
  *        populate thread mlocks its own chunk; 2 = mlock2(MLOCK_ONFAULT)
@@ -158,20 +162,123 @@ typedef enum pinmem_populate_method {
  *        PINMEM_HUGE_AUTO falls back to without enough hugetlb pages: 0 =
  *        4 KiB pages, 1 = transparent hugepages.  (On a VM with free-page
  *        reporting, THP on memory the host has taken back populated at
- *        0.26-0.32 GB/s against 1.0-3.3 GB/s for 4 KiB pages.)
+ *        0.13-0.4 GB/s against 1-3 GB/s for 4 KiB pages; only memory freed
+ *        by a THP mapping moments before was fast, ~10 GB/s.)
+ *   PINMEM_OPT_POPULATE_METHOD       KVPOOL_POPULATE_METHOD        0.  How pages
+ *        are made resident: 0 = auto (the populate plan: the probe's choice,
+ *        else MADV_POPULATE_WRITE where the kernel has it); 1 =
+ *        MADV_POPULATE_WRITE (first touch where the kernel lacks it); 2 =
+ *        one write per page from user space (first touch).
+ *   PINMEM_OPT_POPULATE_PROBE        KVPOOL_POPULATE_PROBE         1.  1 = before
+ *        the first population of at least PINMEM_PROBE_MIN_BYTES whose method
+ *        or thread count is auto, measure both methods and the thread counts
+ *        on a small fresh mapping, once per process (see
+ *        pinmem_populate_probe); 0 = never probe: the rule decides.
+ *
+ * Sizes accept binary suffixes: "64M", "2G", "1GiB"; numbers may be
+ * decimal or 0x hexadecimal.  An empty variable counts as unset.
  */
 typedef enum pinmem_option {
     PINMEM_OPT_POPULATE_THREADS = 0,
     PINMEM_OPT_REGISTER_CHUNK = 1,
     PINMEM_OPT_REGISTER_THRESHOLD = 2,
     PINMEM_OPT_USE_POPULATE_WRITE = 3,
-    PINMEM_OPT_FAKE_MBIND_EPERM = 4,
-    PINMEM_OPT_FAKE_MLOCK_EPERM = 5,
-    PINMEM_OPT_MLOCK_MODE = 6,
-    PINMEM_OPT_MIN_THREAD_BYTES = 7,
-    PINMEM_OPT_AUTO_FALLBACK_THP = 8,
+    PINMEM_OPT_MLOCK_MODE = 4,
+    PINMEM_OPT_MIN_THREAD_BYTES = 5,
+    PINMEM_OPT_AUTO_FALLBACK_THP = 6,
+    PINMEM_OPT_POPULATE_METHOD = 7,
+    PINMEM_OPT_POPULATE_PROBE = 8,
     PINMEM_OPT_COUNT = 9
 } pinmem_option;
+
+/* Where an option's value came from. */
+typedef enum pinmem_option_source {
+    PINMEM_OPTION_DEFAULT = 0,      /* the built-in default */
+    PINMEM_OPTION_ENV = 1,          /* its environment variable */
+    PINMEM_OPTION_SET = 2           /* pinmem_option_set() */
+} pinmem_option_source;
+
+/* One option, described (pinmem_option_describe). */
+typedef struct pinmem_option_info {
+    char name[32];          /* e.g. "populate_threads" */
+    char env[64];           /* its environment variable, e.g. "KVPOOL_POPULATE_THREADS" */
+    int64_t value;          /* in effect now */
+    int64_t default_value;
+    int64_t min;            /* accepted range, inclusive */
+    int64_t max;
+    int source;             /* pinmem_option_source of value */
+    int env_rejected;       /* 1: the variable was set, but not to a number in
+                             * min..max; the default was kept */
+    char env_text[128];     /* the rejected text (truncated), "" otherwise */
+} pinmem_option_info;
+
+/*
+ * The populate plan: how a large mapping is made resident (method and
+ * threads), chosen from measured facts.
+ *
+ * The probe (pinmem_populate_probe) maps, populates and unmaps a few small
+ * fresh mappings of 4 KiB pages: MADV_POPULATE_WRITE and first touch with
+ * one thread, alternated (best of three each, so a burst of load on a
+ * shared machine hits both), then the faster method with more threads (1,
+ * half the CPUs when >= 4, all CPUs up to 16).  It touches about 150 MiB
+ * (more with many CPUs) and costs 50-100 ms on 2 CPUs, once per process;
+ * its facts are kept.
+ *
+ * pinmem_populate_decide turns facts into a plan (a pure function; tests
+ * feed it made-up facts):
+ *   - method: first touch when the kernel lacks MADV_POPULATE_WRITE, or when
+ *     the probe measured first touch more than 25% faster; else
+ *     MADV_POPULATE_WRITE (it never writes from user space, so it also
+ *     suits memory that holds data);
+ *   - threads: without a probe, the CPUs this process may use (at most 16);
+ *     with one, the largest count whose rate times 1.25 reaches the
+ *     fastest (with slices taken one by one an extra thread that does not
+ *     help costs little, and a probe of milliseconds on a loaded machine
+ *     sees scaling only roughly).
+ *   The 25% margins come from measurements on a shared 2-CPU VM: madvise
+ *   was faster per thread in every run (1.2-1.6x), while single probes
+ *   under load picked first touch or one thread by chance.
+ * Every population then splits its range into slices (2 MiB aligned) that
+ * the threads take one by one, so a thread slowed by other load on its CPU
+ * does less of the work instead of holding everyone up.
+ *
+ * Options override the plan: PINMEM_OPT_POPULATE_METHOD (nonzero),
+ * PINMEM_OPT_POPULATE_THREADS (nonzero), PINMEM_OPT_USE_POPULATE_WRITE = 0
+ * (first touch), a request's own thread count; PINMEM_OPT_POPULATE_PROBE =
+ * 0 leaves the rule to decide.  pinmem_populate_plan_get says what is in
+ * effect and where each part of it came from.
+ */
+#define PINMEM_PROBE_MIN_BYTES 1073741824 /* 1 GiB */
+#define PINMEM_PROBE_STEPS 4
+
+/* Where a part of the plan came from. */
+typedef enum pinmem_plan_source {
+    PINMEM_PLAN_RULE = 0,      /* the rule, without measurements */
+    PINMEM_PLAN_PROBE = 1,     /* the probe's measurements */
+    PINMEM_PLAN_OPTION = 2     /* an option (or the kernel lacking MADV_POPULATE_WRITE) */
+} pinmem_plan_source;
+
+/* What the probe measured (all rates in GB/s of fresh memory made resident). */
+typedef struct pinmem_populate_facts {
+    int probed;                 /* 1 once measured; 0: only the two fields below */
+    int populate_write;         /* MADV_POPULATE_WRITE works here */
+    int cpus;                   /* CPUs this process may run on */
+    double madvise_gbps;        /* MADV_POPULATE_WRITE, 1 thread (0 if not measured) */
+    double touch_gbps;          /* one write per page, 1 thread */
+    int thread_steps;           /* entries below */
+    int thread_count[PINMEM_PROBE_STEPS];  /* counts tried, ascending, with the faster method */
+    double thread_gbps[PINMEM_PROBE_STEPS];
+    double seconds;             /* what the probe cost */
+    uint64_t bytes;             /* memory it made resident */
+} pinmem_populate_facts;
+
+/* How large mappings are populated. */
+typedef struct pinmem_populate_plan {
+    int method;                 /* PINMEM_POPULATE_MADVISE or PINMEM_POPULATE_FIRST_TOUCH */
+    int threads;                /* threads for a mapping of PINMEM_PROBE_MIN_BYTES or more */
+    int method_source;          /* pinmem_plan_source */
+    int threads_source;
+} pinmem_populate_plan;
 
 /* A request.  Zero-initialise, then set what you need; pinmem_params_init
  * fills the defaults (numa_node -1, everything else 0/auto). */
@@ -336,12 +443,36 @@ PINMEM_API int pinmem_query(void *addr, pinmem_region *out);
 /* Number of live mappings and their mapped bytes. */
 PINMEM_API int pinmem_live(size_t *count, size_t *bytes);
 
-/* Make [addr, addr+len) resident with up to threads threads (0 = default);
+/* Make [addr, addr+len) resident with up to threads threads (0 = the plan's);
  * writes zeros where MADV_POPULATE_WRITE is unavailable, so only for fresh
  * memory.  *method receives a pinmem_populate_method, *threads_used the
  * number of threads. */
 PINMEM_API int pinmem_populate(void *addr, size_t len, int threads, int *method,
                                int *threads_used);
+
+/* The probe's facts, *out.  run: 0 = report what is known (probed 0 when
+ * the probe has not run); 1 = run the probe first if it has not run in this
+ * process; 2 = run it again now.  Thread-safe; a population that needs the
+ * probe waits for one in progress. */
+PINMEM_API int pinmem_populate_probe(int run, pinmem_populate_facts *out);
+
+/* Turn facts into a plan by the rule above (options not applied). */
+PINMEM_API int pinmem_populate_decide(const pinmem_populate_facts *facts,
+                                      pinmem_populate_plan *out);
+
+/* The plan in effect now for a large population: the probe's facts when it
+ * ran (this call never runs it), with the options applied. */
+PINMEM_API int pinmem_populate_plan_get(pinmem_populate_plan *out);
+
+/* Bytes this process may still make resident before an effective limit
+ * binds: MemAvailable (plus SwapFree unless pinned, since pinned pages
+ * cannot be swapped out) and the memory cgroup's limit minus its usage
+ * (v2 memory.max, v1 memory.limit_in_bytes, this cgroup and its parents),
+ * whichever is smaller.  *limit (may be NULL) receives a static name of the
+ * one that binds.  pinmem_alloc (when it populates or pins) and
+ * pinmem_commit check this first and fail with PINMEM_ELIMIT, naming the
+ * limit, rather than let the kernel's OOM killer act. */
+PINMEM_API int pinmem_memory_room(int pinned, uint64_t *room, const char **limit);
 
 /* Bytes of [addr, addr+len) resident in memory (mincore). */
 PINMEM_API int pinmem_resident_bytes(void *addr, size_t len, size_t *resident);
@@ -358,9 +489,20 @@ PINMEM_API int pinmem_current_cpu(int *cpu, int *node);
 /* Free and total 2 MiB hugepages, system-wide (node -1) or on one node. */
 PINMEM_API int pinmem_hugepages_2m(int node, int64_t *total, int64_t *free_pages);
 
-/* Read or change an option. */
+/* Read or change an option.  pinmem_option_set of a value outside the
+ * option's range fails with PINMEM_EINVAL (the detail names the option's
+ * variable, the value and the range) and changes nothing. */
 PINMEM_API int pinmem_option_get(int option, int64_t *value);
 PINMEM_API int pinmem_option_set(int option, int64_t value);
+
+/* Describe an option: its name, variable, value, default, range, where the
+ * value came from, and the text of its variable when that was rejected. */
+PINMEM_API int pinmem_option_describe(int option, pinmem_option_info *out);
+
+/* PINMEM_OK when every option variable that was set held a valid value;
+ * otherwise PINMEM_EOPTION, the detail naming each rejected variable, its
+ * text and the accepted range (each option's info says the same). */
+PINMEM_API int pinmem_option_check(void);
 
 /* Choose the CUDA runtime again: path NULL = discovery (KVPOOL_CUDART, then
  * an already loaded libcudart, then the usual sonames); "" = no CUDA.
@@ -368,6 +510,30 @@ PINMEM_API int pinmem_option_set(int option, int64_t value);
 PINMEM_API int pinmem_cuda_reload(const char *path);
 
 /* PINMEM_CDEF_END */
+
+#ifdef PINMEM_TESTING
+/*
+ * Test builds only (compiled with -DPINMEM_TESTING: libpinmem/build/
+ * testing/libpinmem.so, which `make lib` builds for the test suites).  The
+ * production library has neither these calls nor any environment variable
+ * for them.  build.py feeds this block to cffi as well; in a production
+ * library the call is simply absent.
+ */
+/* PINMEM_TEST_CDEF_BEGIN */
+
+/* Faults a test can switch on: the kernel call behaves as if refused. */
+typedef enum pinmem_fault {
+    PINMEM_FAULT_MBIND_EPERM = 0,   /* mbind fails with EPERM (as in containers) */
+    PINMEM_FAULT_MLOCK_EPERM = 1,   /* mlock and mlock2 fail with EPERM */
+    PINMEM_FAULT_COUNT = 2
+} pinmem_fault;
+
+/* Switch a fault on (on != 0) or off, process-wide; PINMEM_EINVAL for a
+ * fault that does not exist. */
+PINMEM_API int pinmem_test_set_fault(int fault, int on);
+
+/* PINMEM_TEST_CDEF_END */
+#endif
 
 #ifdef __cplusplus
 }

@@ -1,4 +1,6 @@
-/* Parallel population: MADV_POPULATE_WRITE, else one touch per page. */
+/* Parallel population: threads take 2 MiB-aligned slices of the range one
+ * by one and make each resident with MADV_POPULATE_WRITE or one touch per
+ * page (the method comes from the populate plan, strategy.c). */
 #include "internal.h"
 
 #include <errno.h>
@@ -10,177 +12,209 @@
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23
 #endif
-#ifndef MADV_POPULATE_READ
-#define MADV_POPULATE_READ 22
-#endif
 
 #define PM_MAX_THREADS 1024
+#define PM_SLICE_MAX ((size_t)64 << 20)
+#define PM_SLICES_PER_THREAD 8
 
-typedef struct pm_pop_task {
-    char *start;
+/* One population, shared by its threads. */
+typedef struct pm_pop_job {
+    char *base;
     size_t len;
     size_t page;
-    int use_madvise;
-    int touch;      /* pm_touch */
-    int lock;
-    int method;     /* out: pinmem_populate_method */
-    int err;        /* out: errno of a failed populate, 0 if fine */
-    int lock_err;   /* out: errno of a failed mlock, 0 if fine */
-} pm_pop_task;
+    size_t slice;
+    int madvise;    /* try MADV_POPULATE_WRITE first */
+    int touch;      /* pm_touch, for first touch */
+    int lock;       /* mlock each slice once resident */
+    size_t next;    /* atomic: offset of the next slice to take */
+    int stop;       /* atomic: a thread failed, the others stop */
+} pm_pop_job;
 
-static void pm_touch(pm_pop_task *t)
+/* What one thread did. */
+typedef struct pm_pop_worker {
+    pm_pop_job *job;
+    int method;     /* weakest pinmem_populate_method it used */
+    int err;        /* errno of a failed populate, 0 if fine */
+    size_t err_off;
+    size_t err_len;
+    int lock_err;   /* errno of the first failed mlock, 0 if fine */
+} pm_pop_worker;
+
+static void pm_touch_range(char *start, size_t len, size_t page, int touch)
 {
-    char *end = t->start + t->len;
-    if (t->touch == PM_TOUCH_READ) {
+    char *end = start + len;
+    if (touch == PM_TOUCH_READ) {
         /* Read faults leave contents alone (shared memory with data in it). */
         volatile char sink = 0;
-        for (char *p = t->start; p < end; p += t->page)
+        for (char *p = start; p < end; p += page)
             sink ^= *(volatile char *)p;
         (void)sink;
-    } else if (t->touch == PM_TOUCH_KEEP) {
+    } else if (touch == PM_TOUCH_KEEP) {
         /* A read fault of private memory maps the shared zero page, which
          * is not memory of our own; a compare-and-swap of a byte with
          * itself is a write fault that changes nothing, and never loses a
          * concurrent writer's byte (a plain read-then-write could). */
-        for (char *p = t->start; p < end; p += t->page) {
+        for (char *p = start; p < end; p += page) {
             char seen = __atomic_load_n(p, __ATOMIC_RELAXED);
             while (!__atomic_compare_exchange_n(p, &seen, seen, 0, __ATOMIC_RELAXED,
                                                 __ATOMIC_RELAXED))
                 ;
         }
     } else {
-        for (char *p = t->start; p < end; p += t->page)
+        for (char *p = start; p < end; p += page)
             *(volatile char *)p = 0;
     }
-    t->method = PINMEM_POPULATE_FIRST_TOUCH;
 }
 
-static void *pm_pop_worker(void *arg)
+/* Make one slice resident; 0 or the errno of the failure. */
+static int pm_pop_slice(pm_pop_worker *w, char *start, size_t len)
 {
-    pm_pop_task *t = arg;
-    t->err = 0;
-    t->lock_err = 0;
-    if (t->use_madvise) {
+    const pm_pop_job *job = w->job;
+    int method = PINMEM_POPULATE_FIRST_TOUCH;
+    if (job->madvise) {
         /* POPULATE_WRITE never changes contents, so it suits every touch mode. */
-        if (madvise(t->start, t->len, MADV_POPULATE_WRITE) == 0) {
-            t->method = PINMEM_POPULATE_MADVISE;
-        } else if (errno == EINVAL) {
-            pm_touch(t);
-        } else {
-            t->err = errno;
-            return NULL;
-        }
+        if (madvise(start, len, MADV_POPULATE_WRITE) == 0)
+            method = PINMEM_POPULATE_MADVISE;
+        else if (errno != EINVAL)
+            return errno;
+        else
+            pm_touch_range(start, len, job->page, job->touch);
     } else {
-        pm_touch(t);
+        pm_touch_range(start, len, job->page, job->touch);
     }
-    if (t->lock && pm_mlock(t->start, t->len) != 0)
-        t->lock_err = errno;
+    if (method > w->method)
+        w->method = method;
+    if (job->lock && pm_mlock(start, len) != 0 && w->lock_err == 0)
+        w->lock_err = errno;
+    return 0;
+}
+
+static void *pm_pop_main(void *arg)
+{
+    pm_pop_worker *w = arg;
+    pm_pop_job *job = w->job;
+    while (!__atomic_load_n(&job->stop, __ATOMIC_RELAXED)) {
+        size_t off = __atomic_fetch_add(&job->next, job->slice, __ATOMIC_RELAXED);
+        if (off >= job->len)
+            break;
+        size_t len = job->len - off < job->slice ? job->len - off : job->slice;
+        int err = pm_pop_slice(w, job->base + off, len);
+        if (err != 0) {
+            w->err = err;
+            w->err_off = off;
+            w->err_len = len;
+            __atomic_store_n(&job->stop, 1, __ATOMIC_RELAXED);
+            break;
+        }
+    }
     return NULL;
+}
+
+/* Slices: about PM_SLICES_PER_THREAD per thread, at most 64 MiB, whole
+ * multiples of align (2 MiB, or the page size if larger) so transparent
+ * hugepages and hugetlb pages are never split between threads. */
+static size_t pm_slice_bytes(size_t len, int threads, size_t align)
+{
+    size_t slice = len / ((size_t)threads * PM_SLICES_PER_THREAD);
+    if (slice > PM_SLICE_MAX)
+        slice = PM_SLICE_MAX;
+    slice = pm_round_up(slice ? slice : 1, align);
+    return slice;
+}
+
+int pm_populate_run(void *addr, size_t len, size_t page, int method, int threads, int touch,
+                    int lock_in_threads, int *method_used, int *threads_used, int *lock_errno)
+{
+    if (threads < 1)
+        threads = 1;
+    if (threads > PM_MAX_THREADS)
+        threads = PM_MAX_THREADS;
+    size_t align = page > PM_HUGE_2M ? page : PM_HUGE_2M;
+    pm_pop_job job = {(char *)addr, len, page, 0, method == PINMEM_POPULATE_MADVISE, touch,
+                      lock_in_threads, 0, 0};
+    job.slice = pm_slice_bytes(len, threads, align);
+    size_t slices = (len + job.slice - 1) / job.slice;
+    if ((size_t)threads > slices)
+        threads = (int)slices;
+
+    pm_pop_worker stack_workers[16];
+    pthread_t stack_tids[16];
+    pm_pop_worker *workers = stack_workers;
+    pthread_t *tids = stack_tids;
+    if (threads > 16) {
+        workers = calloc((size_t)threads, sizeof *workers);
+        tids = calloc((size_t)threads, sizeof *tids);
+        if (workers == NULL || tids == NULL) {
+            free(workers);
+            free(tids);
+            return pm_fail(PINMEM_ENOMEM, ENOMEM, "could not allocate populate bookkeeping");
+        }
+    }
+    memset(workers, 0, (size_t)threads * sizeof *workers);
+    /* Worker 0 is the calling thread; a thread that cannot start is simply
+     * not there (the others take its slices), so population never fails
+     * for lack of threads. */
+    int started = 1;
+    workers[0].job = &job;
+    for (int i = 1; i < threads; i++) {
+        workers[started].job = &job;
+        if (pthread_create(&tids[started], NULL, pm_pop_main, &workers[started]) == 0)
+            started++;
+    }
+    pm_pop_main(&workers[0]);
+    for (int i = 1; i < started; i++)
+        pthread_join(tids[i], NULL);
+
+    int status = PINMEM_OK;
+    int weakest = PINMEM_POPULATE_NONE;
+    int lock_err = 0;
+    for (int i = 0; i < started; i++) {
+        const pm_pop_worker *w = &workers[i];
+        if (w->err != 0 && status == PINMEM_OK) {
+            char b[64];
+            status = pm_fail(PINMEM_ENOMEM, w->err, "populating %s at offset %zu failed: %s",
+                             pm_fmt_bytes(b, sizeof b, w->err_len), w->err_off,
+                             strerror(w->err));
+        }
+        if (w->lock_err != 0 && lock_err == 0)
+            lock_err = w->lock_err;
+        if (w->method > weakest) /* report the weakest method any slice used */
+            weakest = w->method;
+    }
+    if (threads > 16) {
+        free(workers);
+        free(tids);
+    }
+    if (status != PINMEM_OK)
+        return status;
+    if (method_used != NULL)
+        *method_used = weakest;
+    if (threads_used != NULL)
+        *threads_used = started;
+    if (lock_errno != NULL)
+        *lock_errno = lock_err;
+    return PINMEM_OK;
 }
 
 int pm_populate(void *addr, size_t len, size_t page, int threads, int touch, int lock,
                 int lock_in_threads, int *method, int *threads_used, int *lock_errno)
 {
-    if (threads <= 0)
-        threads = pm_default_threads();
-    if (threads > PM_MAX_THREADS)
-        threads = PM_MAX_THREADS;
+    int how = PINMEM_POPULATE_MADVISE;
+    pm_plan_resolve(len, threads, &how, &threads);
     size_t min_bytes = (size_t)pm_opt(PINMEM_OPT_MIN_THREAD_BYTES);
     size_t by_size = min_bytes ? len / min_bytes : (size_t)threads;
     if (by_size < 1)
         by_size = 1;
     if ((size_t)threads > by_size)
         threads = (int)by_size;
-
-    /* Chunks start on 2 MiB boundaries (or the page size, if larger), so
-     * transparent hugepages and hugetlb pages are never split by threads. */
-    size_t align = page > PM_HUGE_2M ? page : PM_HUGE_2M;
-    size_t chunk = (len + (size_t)threads - 1) / (size_t)threads;
-    chunk = (chunk + align - 1) / align * align;
-    int n = (int)((len + chunk - 1) / chunk);
-    if (n < 1)
-        n = 1;
-
-    int use_madvise = pm_opt(PINMEM_OPT_USE_POPULATE_WRITE) && pm_populate_write_supported();
     int in_threads = lock && lock_in_threads;
-
-    pm_pop_task stack_tasks[16];
-    pthread_t stack_tids[16];
-    pm_pop_task *tasks = stack_tasks;
-    pthread_t *tids = stack_tids;
-    char *started = NULL;
-    char stack_started[16];
-    if (n > 16) {
-        tasks = calloc((size_t)n, sizeof *tasks);
-        tids = calloc((size_t)n, sizeof *tids);
-        started = calloc((size_t)n, 1);
-        if (tasks == NULL || tids == NULL || started == NULL) {
-            free(tasks);
-            free(tids);
-            free(started);
-            return pm_fail(PINMEM_ENOMEM, ENOMEM, "could not allocate populate bookkeeping");
-        }
-    } else {
-        started = stack_started;
-    }
-
-    for (int i = 0; i < n; i++) {
-        size_t off = (size_t)i * chunk;
-        pm_pop_task *t = &tasks[i];
-        t->start = (char *)addr + off;
-        t->len = len - off < chunk ? len - off : chunk;
-        t->page = page;
-        t->use_madvise = use_madvise;
-        t->touch = touch;
-        t->lock = in_threads;
-        t->method = PINMEM_POPULATE_NONE;
-        t->err = 0;
-        t->lock_err = 0;
-        started[i] = 0;
-    }
-    /* Chunk 0 runs on the calling thread; a thread that cannot start runs
-     * inline too, so population never fails for lack of threads. */
-    for (int i = 1; i < n; i++) {
-        if (pthread_create(&tids[i], NULL, pm_pop_worker, &tasks[i]) == 0)
-            started[i] = 1;
-        else
-            pm_pop_worker(&tasks[i]);
-    }
-    pm_pop_worker(&tasks[0]);
-    for (int i = 1; i < n; i++)
-        if (started[i])
-            pthread_join(tids[i], NULL);
-
-    int status = PINMEM_OK;
-    int m = PINMEM_POPULATE_NONE;
     int lock_err = 0;
-    for (int i = 0; i < n; i++) {
-        if (tasks[i].err != 0 && status == PINMEM_OK) {
-            char b[64];
-            status = pm_fail(PINMEM_ENOMEM, tasks[i].err,
-                             "populating %s at offset %zu failed: %s",
-                             pm_fmt_bytes(b, sizeof b, tasks[i].len),
-                             (size_t)(tasks[i].start - (char *)addr), strerror(tasks[i].err));
-        }
-        if (tasks[i].lock_err != 0 && lock_err == 0)
-            lock_err = tasks[i].lock_err;
-        /* Report the weakest method any chunk used. */
-        if (tasks[i].method > m)
-            m = tasks[i].method;
-    }
-    if (n > 16) {
-        free(tasks);
-        free(tids);
-        free(started);
-    }
-    if (status != PINMEM_OK)
-        return status;
+    int rc = pm_populate_run(addr, len, page, how, threads, touch, in_threads, method,
+                             threads_used, &lock_err);
+    if (rc != PINMEM_OK)
+        return rc;
     if (lock && !in_threads && pm_mlock(addr, len) != 0)
         lock_err = errno;
-    if (method != NULL)
-        *method = m;
-    if (threads_used != NULL)
-        *threads_used = n;
     if (lock_errno != NULL)
         *lock_errno = lock_err;
     return PINMEM_OK;

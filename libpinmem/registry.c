@@ -266,3 +266,14 @@ PINMEM_API int pinmem_live(size_t *count, size_t *bytes)
         *bytes = b;
     return PINMEM_OK;
 }
+
+PINMEM_API int pinmem_query(void *addr, pinmem_region *out)
+{
+    if (out == NULL)
+        return pm_fail(PINMEM_EINVAL, 0, "out must not be NULL");
+    pm_entry copy;
+    if (addr == NULL || pm_registry_get(addr, &copy) != 0)
+        return pm_fail(PINMEM_EUNKNOWN_PTR, 0, "%p is not the base of a live mapping", addr);
+    *out = copy.region;
+    return PINMEM_OK;
+}

@@ -25,6 +25,8 @@ static const char *const pm_status_text[PINMEM_STATUS_COUNT] = {
     [PINMEM_ESYS] = "system call failed",
     [PINMEM_EBUSY] = "busy: CUDA-pinned mappings are live, or a commit is in progress",
     [PINMEM_ETOO_LARGE] = "size too large for this machine",
+    [PINMEM_EOPTION] = "invalid option value in the environment",
+    [PINMEM_ELIMIT] = "it would exceed an effective memory limit",
 };
 
 PINMEM_API int pinmem_version(void) { return PINMEM_VERSION; }

@@ -10,7 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/syscall.h>
 #include <sys/sysinfo.h>
 #include <unistd.h>
 
@@ -42,15 +41,6 @@ int pm_affinity_cpus(void)
         n = online > 0 ? (int)online : 1;
     }
     return n;
-}
-
-int pm_default_threads(void)
-{
-    int64_t opt = pm_opt(PINMEM_OPT_POPULATE_THREADS);
-    if (opt > 0)
-        return (int)opt;
-    int n = pm_affinity_cpus();
-    return n > 16 ? 16 : n;
 }
 
 int pm_read_text(const char *path, char *buf, size_t len)
@@ -159,22 +149,4 @@ int pm_populate_write_supported(void)
 {
     pthread_once(&pm_populate_write_once, pm_populate_write_detect);
     return pm_populate_write_flag;
-}
-
-int pm_mlock(void *addr, size_t len)
-{
-    if (pm_opt(PINMEM_OPT_FAKE_MLOCK_EPERM)) {
-        errno = EPERM;
-        return -1;
-    }
-    return mlock(addr, len);
-}
-
-int pm_mlock_onfault(void *addr, size_t len)
-{
-    if (pm_opt(PINMEM_OPT_FAKE_MLOCK_EPERM)) {
-        errno = EPERM;
-        return -1;
-    }
-    return (int)syscall(SYS_mlock2, addr, len, 1 /* MLOCK_ONFAULT */);
 }

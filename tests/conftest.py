@@ -11,13 +11,23 @@ than one folder needs (``hugepage_pool``) are imported from there.
 * ``_fast_gc`` (session, autouse): objects alive at the start are moved out
   of the cycle collector's way, so the many ``gc.collect()`` calls of the
   leak checks stay cheap.
+
+It also points ``$KVPOOL_LIBPINMEM`` at libpinmem's *test build*
+(``libpinmem/build/testing/libpinmem.so``: the same sources compiled with
+``-DPINMEM_TESTING``, which adds the fault switches the native tests use),
+rebuilding it first when a source is newer -- but only when the kvpool under
+test is this source tree's and the variable is not set already.  Child
+processes inherit the variable.  Where the test build cannot be had (an
+installed kvpool, no compiler) the fault tests skip and say why.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import importlib.util
 import os
+import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
@@ -25,7 +35,36 @@ from pathlib import Path
 
 import pytest
 
-import kvpool
+ROOT = Path(__file__).resolve().parents[1]
+TEST_BUILD = ROOT / "libpinmem" / "build" / "testing" / "libpinmem.so"
+
+
+def _fresh(target: Path) -> bool:
+    if not target.exists():
+        return False
+    sources = [*ROOT.glob("libpinmem/*.c"), *ROOT.glob("libpinmem/*.h")]
+    return all(src.stat().st_mtime <= target.stat().st_mtime for src in sources)
+
+
+def _use_test_build() -> None:
+    if os.environ.get("KVPOOL_LIBPINMEM"):
+        return
+    spec = importlib.util.find_spec("kvpool")
+    if spec is None or spec.origin is None:
+        return
+    if Path(spec.origin).resolve().parent != ROOT / "kvpool":
+        return  # an installed kvpool: it loads its own library
+    if not _fresh(TEST_BUILD):
+        build = [sys.executable, str(ROOT / "build.py"), "--quiet", "--testing"]
+        if subprocess.run(build, cwd=ROOT, check=False).returncode != 0 or not _fresh(TEST_BUILD):
+            return
+    os.environ["KVPOOL_LIBPINMEM"] = str(TEST_BUILD)
+
+
+# Before kvpool is imported: it loads libpinmem when it is.
+_use_test_build()
+
+import kvpool  # noqa: E402
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -49,7 +49,7 @@ def run_info(args: argparse.Namespace) -> int:
     try:
         from kvpool.native.machine import capabilities
 
-        caps = capabilities()
+        caps = capabilities(probe_populate=True)
     except ImportError as exc:
         print(f"kvpool info: {exc}", file=sys.stderr)
         return 1

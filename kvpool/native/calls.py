@@ -24,10 +24,12 @@ from kvpool.native.loader import (
     PINNED,
     POPULATE_METHODS,
     STATUS_EXCEPTIONS,
+    OptionProblem,
     check,
     ffi,
     lib,
     library_path,
+    option_problems,
 )
 
 __all__ = [
@@ -36,6 +38,7 @@ __all__ = [
     "HUGEPAGE_RESULTS",
     "KINDS",
     "OPTIONS",
+    "OptionProblem",
     "PINNED",
     "PIN_MODES",
     "COMMIT_PIN_MODES",
@@ -55,8 +58,16 @@ __all__ = [
     "live",
     "numa_nodes",
     "option_get",
+    "option_problems",
     "option_set",
+    "PLAN_SOURCES",
+    "PopulateFacts",
+    "PopulatePlan",
+    "memory_room",
     "populate",
+    "populate_decide",
+    "populate_plan",
+    "populate_probe",
     "probe",
     "query",
     "resident_bytes",
@@ -392,6 +403,155 @@ def populate(address: int, length: int, threads: int | None = None) -> tuple[str
     used = ffi.new("int *")
     check(lib.pinmem_populate(_ptr(address), nbytes, nthreads, method, used), "populate")
     return POPULATE_METHODS.get(method[0], "none"), int(used[0])
+
+
+#: Where a part of the populate plan came from, by libpinmem's value.
+PLAN_SOURCES: dict[int, str] = {
+    lib.PINMEM_PLAN_RULE: "rule",
+    lib.PINMEM_PLAN_PROBE: "probe",
+    lib.PINMEM_PLAN_OPTION: "option",
+}
+
+_PROBE_RUN = {"report": 0, "once": 1, "again": 2}
+
+
+@dataclass(frozen=True)
+class PopulateFacts:
+    """What the populate probe measured (GB/s of fresh 4 KiB pages made resident).
+
+    Attributes:
+        probed: False until the probe ran (then only the next two are set).
+        populate_write: MADV_POPULATE_WRITE works here.
+        cpus: CPUs this process may run on.
+        madvise_gbps: MADV_POPULATE_WRITE, one thread (0.0 if not measured).
+        touch_gbps: one write per page, one thread.
+        threads: ``(count, GB/s)`` per thread count tried with the faster method.
+        seconds: what the probe cost.
+        bytes: memory it made resident (and gave back).
+    """
+
+    probed: bool
+    populate_write: bool
+    cpus: int
+    madvise_gbps: float = 0.0
+    touch_gbps: float = 0.0
+    threads: tuple[tuple[int, float], ...] = ()
+    seconds: float = 0.0
+    bytes: int = 0
+
+
+@dataclass(frozen=True)
+class PopulatePlan:
+    """How large mappings are made resident, and why.
+
+    Attributes:
+        method: ``"madvise"`` (MADV_POPULATE_WRITE) or ``"first-touch"``.
+        threads: threads for a mapping of 1 GiB (``PINMEM_PROBE_MIN_BYTES``) or more.
+        method_source, threads_source: ``"rule"``, ``"probe"`` or ``"option"``.
+    """
+
+    method: str
+    threads: int
+    method_source: str
+    threads_source: str
+
+
+def _facts(f: Any) -> PopulateFacts:
+    return PopulateFacts(
+        probed=bool(f.probed),
+        populate_write=bool(f.populate_write),
+        cpus=int(f.cpus),
+        madvise_gbps=float(f.madvise_gbps),
+        touch_gbps=float(f.touch_gbps),
+        threads=tuple(
+            (int(f.thread_count[i]), float(f.thread_gbps[i])) for i in range(f.thread_steps)
+        ),
+        seconds=float(f.seconds),
+        bytes=int(f.bytes),
+    )
+
+
+def _plan(p: Any) -> PopulatePlan:
+    return PopulatePlan(
+        method=POPULATE_METHODS.get(p.method, "none"),
+        threads=int(p.threads),
+        method_source=PLAN_SOURCES.get(p.method_source, "rule"),
+        threads_source=PLAN_SOURCES.get(p.threads_source, "rule"),
+    )
+
+
+def populate_probe(run: str = "once") -> PopulateFacts:
+    """The populate probe's facts (``pinmem_populate_probe``).
+
+    Args:
+        run: ``"report"`` -- what is known, never probes; ``"once"`` -- probe
+            first if this process has not (tens of milliseconds); ``"again"``
+            -- probe now.
+
+    Raises:
+        InvalidArgumentError: run is none of those.
+    """
+    mode = check_choice("run", run, _PROBE_RUN)
+    out = ffi.new("pinmem_populate_facts *")
+    check(lib.pinmem_populate_probe(mode, out), f"populate probe ({run})")
+    return _facts(out)
+
+
+def populate_decide(facts: PopulateFacts) -> PopulatePlan:
+    """The plan libpinmem's rule makes of facts (``pinmem_populate_decide``; no options).
+
+    A pure function: tests and callers may pass made-up facts.
+
+    Raises:
+        InvalidArgumentError: facts out of range (more than 4 thread steps,
+            a count outside 1..1024, a negative rate).
+    """
+    if not isinstance(facts, PopulateFacts):
+        raise errors.InvalidArgumentError(
+            f"facts must be a PopulateFacts, got {type(facts).__name__}"
+        )
+    f = ffi.new("pinmem_populate_facts *")
+    f.probed = 1 if facts.probed else 0
+    f.populate_write = 1 if facts.populate_write else 0
+    f.cpus = facts.cpus
+    f.madvise_gbps = facts.madvise_gbps
+    f.touch_gbps = facts.touch_gbps
+    steps = len(facts.threads)
+    if steps > lib.PINMEM_PROBE_STEPS:
+        raise errors.InvalidArgumentError(
+            f"facts.threads has {steps} steps; libpinmem takes at most {lib.PINMEM_PROBE_STEPS}"
+        )
+    f.thread_steps = steps
+    for i, (count, gbps) in enumerate(facts.threads):
+        f.thread_count[i] = count
+        f.thread_gbps[i] = gbps
+    out = ffi.new("pinmem_populate_plan *")
+    check(lib.pinmem_populate_decide(f, out), "decide the populate plan")
+    return _plan(out)
+
+
+def populate_plan() -> PopulatePlan:
+    """The plan in effect for large populations, options applied (never probes)."""
+    out = ffi.new("pinmem_populate_plan *")
+    check(lib.pinmem_populate_plan_get(out), "read the populate plan")
+    return _plan(out)
+
+
+def memory_room(*, pinned: bool = True) -> tuple[int | None, str]:
+    """Bytes this process may still make resident, and the binding limit (``pinmem_memory_room``).
+
+    Args:
+        pinned: the memory will be pinned (swap does not count then).
+
+    Returns:
+        ``(bytes, limit)``: limit is e.g. ``"MemAvailable"`` or ``"the memory
+        cgroup's limit"``; bytes is None when no limit could be read.
+    """
+    room = ffi.new("uint64_t *")
+    limit = ffi.new("const char **")
+    check(lib.pinmem_memory_room(1 if pinned else 0, room, limit), "read the memory room")
+    value = int(room[0])
+    return (None if value == (1 << 64) - 1 else value), ffi.string(limit[0]).decode()
 
 
 def resident_bytes(address: int, length: int) -> int:

@@ -12,6 +12,11 @@ why each failed.  Every libpinmem status maps to one exception of
 :mod:`kvpool.errors` through :data:`STATUS_EXCEPTIONS`; :func:`check` raises
 it.  The wrappers of the C calls are in :mod:`kvpool.native.calls`.
 
+An option variable (``KVPOOL_*``, see :data:`OPTIONS`) that libpinmem
+rejected is reported once, when this module loads, as a ``RuntimeWarning``
+naming the variable, its value and the accepted range
+(:func:`option_problems` lists them).
+
 Thread safety: libpinmem guards its own state; the failure detail is per
 thread in C and is read right after the failing call on the same thread.
 """
@@ -20,6 +25,8 @@ from __future__ import annotations
 
 import importlib
 import os
+import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,14 +39,17 @@ __all__ = [
     "HUGEPAGE_RESULTS",
     "KINDS",
     "OPTIONS",
+    "OptionProblem",
     "PINNED",
     "PIN_MODES",
     "POPULATE_METHODS",
     "STATUS_EXCEPTIONS",
     "check",
+    "describe_option",
     "ffi",
     "lib",
     "library_path",
+    "option_problems",
 ]
 
 #: Environment variable that names the libpinmem.so to load instead.
@@ -151,20 +161,6 @@ POPULATE_METHODS: dict[int, str] = {
     lib.PINMEM_POPULATE_BY_DRIVER: "driver",
 }
 
-#: Option names for :func:`option_get` / :func:`option_set`, with the
-#: environment variable that sets each at load time (see pinmem.h).
-OPTIONS: dict[str, tuple[int, str]] = {
-    "populate_threads": (lib.PINMEM_OPT_POPULATE_THREADS, "KVPOOL_POPULATE_THREADS"),
-    "register_chunk": (lib.PINMEM_OPT_REGISTER_CHUNK, "KVPOOL_REGISTER_CHUNK_BYTES"),
-    "register_threshold": (lib.PINMEM_OPT_REGISTER_THRESHOLD, "KVPOOL_REGISTER_THRESHOLD_BYTES"),
-    "use_populate_write": (lib.PINMEM_OPT_USE_POPULATE_WRITE, "KVPOOL_USE_POPULATE_WRITE"),
-    "fake_mbind_eperm": (lib.PINMEM_OPT_FAKE_MBIND_EPERM, "KVPOOL_FAKE_MBIND_EPERM"),
-    "fake_mlock_eperm": (lib.PINMEM_OPT_FAKE_MLOCK_EPERM, "KVPOOL_FAKE_MLOCK_EPERM"),
-    "mlock_mode": (lib.PINMEM_OPT_MLOCK_MODE, "KVPOOL_MLOCK_MODE"),
-    "min_thread_bytes": (lib.PINMEM_OPT_MIN_THREAD_BYTES, "KVPOOL_MIN_THREAD_BYTES"),
-    "auto_fallback_thp": (lib.PINMEM_OPT_AUTO_FALLBACK_THP, "KVPOOL_AUTO_FALLBACK_THP"),
-}
-
 # ------------------------------------------------------------ status codes
 
 #: One table: libpinmem status -> the exception raised for it.
@@ -184,6 +180,8 @@ STATUS_EXCEPTIONS: dict[int, type[errors.KVPoolError]] = {
     lib.PINMEM_ESYS: errors.NativeError,
     lib.PINMEM_EBUSY: errors.NativeError,
     lib.PINMEM_ETOO_LARGE: errors.OutOfMemoryError,
+    lib.PINMEM_EOPTION: errors.InvalidArgumentError,
+    lib.PINMEM_ELIMIT: errors.MemoryLimitError,
 }
 
 if len(STATUS_EXCEPTIONS) != lib.PINMEM_STATUS_COUNT - 1:  # pragma: no cover - build drift
@@ -215,3 +213,82 @@ def check(status: int, what: str) -> None:
     if isinstance(exc, OSError) and err:
         exc.errno = err  # strerror stays None so str(exc) keeps the message
     raise exc
+
+
+# ---------------------------------------------------------------- options
+
+
+def describe_option(option: int) -> Any:
+    """libpinmem's ``pinmem_option_info`` for one option (a cffi struct)."""
+    info = ffi.new("pinmem_option_info *")
+    check(lib.pinmem_option_describe(option, info), f"describe option {option}")
+    return info
+
+
+def _option_table() -> dict[str, tuple[int, str]]:
+    table = {}
+    for option in range(lib.PINMEM_OPT_COUNT):
+        info = describe_option(option)
+        table[ffi.string(info.name).decode()] = (option, ffi.string(info.env).decode())
+    return table
+
+
+#: Option names for ``option_get`` / ``option_set``, with the environment
+#: variable that sets each at load time -- read from libpinmem, whose header
+#: (pinmem.h) documents them.
+OPTIONS: dict[str, tuple[int, str]] = _option_table()
+
+
+@dataclass(frozen=True)
+class OptionProblem:
+    """A ``KVPOOL_*`` variable libpinmem rejected (the default stayed in effect).
+
+    Attributes:
+        name: the option, e.g. ``"mlock_mode"``.
+        env: its variable, e.g. ``"KVPOOL_MLOCK_MODE"``.
+        text: what the variable held.
+        low, high: the accepted range, inclusive.
+        default: the value in effect instead.
+    """
+
+    name: str
+    env: str
+    text: str
+    low: int
+    high: int
+    default: int
+
+    def message(self) -> str:
+        """The warning text: the variable, its value, the accepted range and the fix."""
+        bound = f">= {self.low}" if self.high == (1 << 63) - 1 else f"in {self.low}..{self.high}"
+        return (
+            f"{self.env}={self.text!r} is not a number {bound}; libpinmem ignores it and uses "
+            f"the default {self.default} (fix or unset {self.env})"
+        )
+
+
+def option_problems() -> list[OptionProblem]:
+    """Return the option variables libpinmem rejected when it read them.
+
+    (``pinmem_option_check`` and ``pinmem_option_describe``.)  Complexity:
+    O(number of options).
+    """
+    if lib.pinmem_option_check() == lib.PINMEM_OK:
+        return []
+    found = []
+    for name, (option, env) in OPTIONS.items():
+        info = describe_option(option)
+        if info.env_rejected:
+            text = ffi.string(info.env_text).decode("utf-8", "replace")
+            low, high, default = int(info.min), int(info.max), int(info.default_value)
+            found.append(OptionProblem(name, env, text, low, high, default))
+    return found
+
+
+def _warn_option_problems() -> None:
+    """One RuntimeWarning per rejected variable, when this module loads."""
+    for problem in option_problems():
+        warnings.warn(problem.message(), RuntimeWarning, stacklevel=2)
+
+
+_warn_option_problems()

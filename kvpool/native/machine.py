@@ -84,9 +84,15 @@ class Capabilities:
         cpu_affinity: CPUs this process may run on.
         thp_mode: transparent hugepages: "always", "madvise", "never" or "unknown".
         page_size: base page size in bytes.
-        default_populate_threads: threads a populate uses by default.
+        default_populate_threads: threads a large populate uses (the populate plan's).
         mem_total: bytes of RAM.
         library_path: the libpinmem.so in use.
+        populate_method: how large mappings are made resident: "madvise"
+            (MADV_POPULATE_WRITE) or "first-touch" (the populate plan).
+        populate_method_source: why: "rule", "probe" (measured here) or "option".
+        populate_threads_source: the same for ``default_populate_threads``.
+        populate_probe: the probe's measurements (``PopulateFacts`` as a
+            dict), or None when it has not run in this process.
         memory_cgroup: the tightest memory cgroup limit on this process (limit,
             working set, room left, its file), None without one.
     """
@@ -109,6 +115,10 @@ class Capabilities:
     default_populate_threads: int
     mem_total: int
     library_path: str
+    populate_method: str = "madvise"
+    populate_method_source: str = "rule"
+    populate_threads_source: str = "rule"
+    populate_probe: dict[str, Any] | None = None
     memory_cgroup: Limit | None = None
 
     def hugepage_pool(self, page_size_kib: int = 2048) -> HugePagePool | None:
@@ -209,6 +219,22 @@ class Capabilities:
             tips.append("NUMA: one node; numa_node=0 is the only choice and binding is moot.")
         return tips
 
+    def _populate_lines(self) -> list[str]:
+        lines = [
+            f"  populate             {self.populate_method} ({self.populate_method_source}), "
+            f"{self.default_populate_threads} thread(s) ({self.populate_threads_source}); "
+            "override: KVPOOL_POPULATE_METHOD, KVPOOL_POPULATE_THREADS"
+        ]
+        facts = self.populate_probe
+        if facts:
+            per_count = ", ".join(f"{n}: {gbps:.2f}" for n, gbps in facts["threads"])
+            madvise = f"{facts['madvise_gbps']:.2f}" if facts["populate_write"] else "n/a"
+            lines.append(
+                f"    probe: 1 thread madvise {madvise} vs first touch {facts['touch_gbps']:.2f} "
+                f"GB/s; by threads {per_count} GB/s; cost {facts['seconds'] * 1e3:.0f} ms"
+            )
+        return lines
+
     def report(self) -> str:
         """Return the human-readable report that ``kvpool info`` prints."""
         lines = ["kvpool host-memory capabilities", ""]
@@ -236,10 +262,9 @@ class Capabilities:
         exempt = " (CAP_IPC_LOCK: not enforced)" if self.memlock_exempt else ""
         lines.append(f"  memlock limit        {limit}{exempt}")
         lines.append(f"  MADV_POPULATE_WRITE  {'yes' if self.populate_write else 'no'}")
-        lines.append(
-            f"  CPUs                 {self.cpu_affinity} usable of {self.cpu_count} online; "
-            f"populate uses {self.default_populate_threads} thread(s)"
-        )
+        cpus = f"{self.cpu_affinity} usable of {self.cpu_count} online"
+        lines.append(f"  CPUs                 {cpus}")
+        lines += self._populate_lines()
         lines.append(f"  RAM                  {format_bytes(self.mem_total)}")
         lines.append(f"  memory cgroup        {_cgroup_line(self.memory_cgroup)}")
         lines.append(f"  page size            {self.page_size} bytes")
@@ -251,8 +276,13 @@ class Capabilities:
         return "\n".join(lines)
 
 
-def capabilities() -> Capabilities:
+def capabilities(*, probe_populate: bool = False) -> Capabilities:
     """Probe the machine now and return what it offers.
+
+    Args:
+        probe_populate: also run libpinmem's populate probe if this process
+            has not yet (tens of milliseconds; ``kvpool info`` does), so the
+            populate plan shows measured facts.
 
     Returns:
         A frozen :class:`Capabilities`.
@@ -262,6 +292,8 @@ def capabilities() -> Capabilities:
     """
     import kvpool.native.calls as _native
 
+    facts = _native.populate_probe("once" if probe_populate else "report")
+    plan = _native.populate_plan()
     raw = _native.probe()
     loaded = raw["cuda_loaded"]
     return Capabilities(
@@ -283,6 +315,10 @@ def capabilities() -> Capabilities:
         default_populate_threads=raw["default_populate_threads"],
         mem_total=raw["mem_total"],
         library_path=_native.library_path(),
+        populate_method=plan.method,
+        populate_method_source=plan.method_source,
+        populate_threads_source=plan.threads_source,
+        populate_probe=asdict(facts) if facts.probed else None,
         memory_cgroup=cgroup_memory(),
     )
 

@@ -1,11 +1,14 @@
 /*
  * libpinmem's own test program: every public call, without Python.
  *
- *   test_pinmem [path/to/libfakecudart.so]
+ *   test_pinmem [path/to/libfakecudart.so [path/to/production/libpinmem.so]]
  *
- * With the fake CUDA runtime's path it also tests the CUDA paths (register
- * in chunks, rollback, cudaHostAlloc, the size threshold).  Exits 0 when all
- * checks pass; prints one line per failed check.
+ * It is linked against the test build of the library (-DPINMEM_TESTING,
+ * which has the fault switches).  With the fake CUDA runtime's path it also
+ * tests the CUDA paths (register in chunks, rollback, cudaHostAlloc, the
+ * size threshold); with the production library's path it checks that that
+ * one has no test calls and no fault variables.  Exits 0 when all checks
+ * pass; prints one line per failed check.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -135,6 +138,210 @@ static void test_basics(void)
     CHECK(strstr(pinmem_last_detail(), "KVPOOL_USE_POPULATE_WRITE") != NULL, "detail names env");
 }
 
+/* main() set these before the library read its options. */
+static void test_option_reports(void)
+{
+    CHECK(pinmem_option_check() == PINMEM_EOPTION, "rejected variables reported");
+    const char *d = pinmem_last_detail();
+    CHECK(strstr(d, "KVPOOL_MLOCK_MODE='7'") != NULL && strstr(d, "0..3") != NULL,
+          "detail names the variable, its text and the range: %s", d);
+    CHECK(strstr(d, "KVPOOL_MIN_THREAD_BYTES='lots'") != NULL, "second one: %s", d);
+    CHECK(strstr(d, "KVPOOL_REGISTER_THRESHOLD_BYTES") == NULL, "valid one not named");
+    pinmem_option_info info;
+    CHECK(pinmem_option_describe(PINMEM_OPT_MLOCK_MODE, &info) == PINMEM_OK, "describe");
+    CHECK(strcmp(info.name, "mlock_mode") == 0 && strcmp(info.env, "KVPOOL_MLOCK_MODE") == 0,
+          "names %s %s", info.name, info.env);
+    CHECK(info.env_rejected == 1 && strcmp(info.env_text, "7") == 0, "rejected text '%s'",
+          info.env_text);
+    CHECK(info.value == info.default_value && info.value == 3, "default kept: %lld",
+          (long long)info.value);
+    CHECK(info.source == PINMEM_OPTION_DEFAULT && info.min == 0 && info.max == 3, "range");
+    CHECK(pinmem_option_describe(PINMEM_OPT_REGISTER_THRESHOLD, &info) == PINMEM_OK &&
+              info.source == PINMEM_OPTION_ENV && info.value == (int64_t)256 << 30 &&
+              info.env_rejected == 0 && info.env_text[0] == '\0',
+          "a valid variable is used: source %d value %lld", info.source, (long long)info.value);
+    CHECK(pinmem_option_set(PINMEM_OPT_MLOCK_MODE, 4) == PINMEM_EINVAL, "set out of range");
+    CHECK(strstr(pinmem_last_detail(), "KVPOOL_MLOCK_MODE") != NULL &&
+              strstr(pinmem_last_detail(), "0..3") != NULL,
+          "set detail names the option and the range");
+    CHECK(pinmem_option_describe(PINMEM_OPT_MLOCK_MODE, &info) == PINMEM_OK && info.value == 3 &&
+              info.source == PINMEM_OPTION_DEFAULT,
+          "a refused set changes nothing");
+    CHECK(pinmem_option_set(PINMEM_OPT_MLOCK_MODE, 3) == PINMEM_OK, "set");
+    CHECK(pinmem_option_describe(PINMEM_OPT_MLOCK_MODE, &info) == PINMEM_OK &&
+              info.source == PINMEM_OPTION_SET,
+          "source set");
+    CHECK(pinmem_option_describe(PINMEM_OPT_COUNT, &info) == PINMEM_EINVAL, "no such option");
+    CHECK(pinmem_option_describe(0, NULL) == PINMEM_EINVAL, "NULL out");
+    pinmem_option_set(PINMEM_OPT_REGISTER_THRESHOLD, (int64_t)512 << 30);
+    CHECK(pinmem_test_set_fault(PINMEM_FAULT_COUNT, 1) == PINMEM_EINVAL, "no such fault");
+    CHECK(pinmem_test_set_fault(-1, 1) == PINMEM_EINVAL, "negative fault");
+}
+
+/* The production library: no test call, no fault variable. */
+static void test_production_surface(const char *path)
+{
+    if (path == NULL) {
+        printf("skip production surface: no path given\n");
+        return;
+    }
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    CHECK(h != NULL, "dlopen %s: %s", path, dlerror());
+    if (h == NULL)
+        return;
+    CHECK(dlsym(h, "pinmem_alloc") != NULL, "has pinmem_alloc");
+    CHECK(dlsym(h, "pinmem_test_set_fault") == NULL, "no pinmem_test_set_fault");
+    dlclose(h);
+    FILE *f = fopen(path, "rb");
+    CHECK(f != NULL, "open %s", path);
+    if (f == NULL)
+        return;
+    static char buf[1 << 16];
+    const char *needle = "KVPOOL_FAKE_M";
+    size_t n, keep = 0, found = 0, len = strlen(needle);
+    while ((n = fread(buf + keep, 1, sizeof buf - keep, f)) > 0) {
+        size_t have = keep + n;
+        for (size_t i = 0; i + len <= have; i++)
+            found += memcmp(buf + i, needle, len) == 0;
+        keep = len - 1;
+        memmove(buf, buf + have - keep, keep);
+    }
+    fclose(f);
+    CHECK(found == 0, "%zu fault variable name(s) in the production library", found);
+}
+
+/* The decision with made-up facts: no machine needed. */
+static void test_populate_decide(void)
+{
+    pinmem_populate_facts f;
+    pinmem_populate_plan plan;
+    memset(&f, 0, sizeof f);
+    f.populate_write = 1;
+    f.cpus = 64;
+    CHECK(pinmem_populate_decide(&f, &plan) == PINMEM_OK, "rule");
+    CHECK(plan.method == PINMEM_POPULATE_MADVISE && plan.method_source == PINMEM_PLAN_RULE,
+          "rule method %d source %d", plan.method, plan.method_source);
+    CHECK(plan.threads == 16 && plan.threads_source == PINMEM_PLAN_RULE, "rule threads %d",
+          plan.threads);
+    f.populate_write = 0;
+    f.cpus = 3;
+    CHECK(pinmem_populate_decide(&f, &plan) == PINMEM_OK &&
+              plan.method == PINMEM_POPULATE_FIRST_TOUCH && plan.threads == 3,
+          "no POPULATE_WRITE: touch, %d threads", plan.threads);
+
+    memset(&f, 0, sizeof f);
+    f.probed = 1;
+    f.populate_write = 1;
+    f.cpus = 8;
+    f.madvise_gbps = 2.0;
+    f.touch_gbps = 2.4; /* within 25%: madvise stays */
+    f.thread_steps = 3;
+    f.thread_count[0] = 1, f.thread_gbps[0] = 2.0;
+    f.thread_count[1] = 4, f.thread_gbps[1] = 5.0;
+    f.thread_count[2] = 8, f.thread_gbps[2] = 4.1; /* within 25% of 4: more threads win */
+    CHECK(pinmem_populate_decide(&f, &plan) == PINMEM_OK, "probed");
+    CHECK(plan.method == PINMEM_POPULATE_MADVISE && plan.method_source == PINMEM_PLAN_PROBE,
+          "ties keep madvise");
+    CHECK(plan.threads == 8 && plan.threads_source == PINMEM_PLAN_PROBE, "threads %d",
+          plan.threads);
+    f.thread_gbps[2] = 3.9; /* more than 25% slower than 4 */
+    CHECK(pinmem_populate_decide(&f, &plan) == PINMEM_OK && plan.threads == 4, "threads %d",
+          plan.threads);
+    f.touch_gbps = 2.6;
+    f.thread_gbps[2] = 6.0;
+    CHECK(pinmem_populate_decide(&f, &plan) == PINMEM_OK &&
+              plan.method == PINMEM_POPULATE_FIRST_TOUCH && plan.threads == 8,
+          "touch faster by > 25%%, 8 threads fastest: method %d threads %d", plan.method,
+          plan.threads);
+    f.thread_gbps[0] = 9.0; /* one thread beats them all (host-serialised faults) */
+    CHECK(pinmem_populate_decide(&f, &plan) == PINMEM_OK && plan.threads == 1, "one thread");
+    f.thread_steps = 9;
+    CHECK(pinmem_populate_decide(&f, &plan) == PINMEM_EINVAL, "bad steps");
+    f.thread_steps = 1;
+    f.thread_count[0] = 0;
+    CHECK(pinmem_populate_decide(&f, &plan) == PINMEM_EINVAL, "bad count");
+    CHECK(pinmem_populate_decide(NULL, &plan) == PINMEM_EINVAL, "NULL facts");
+}
+
+/* The probe for real, then the options over it. */
+static void test_populate_probe(void)
+{
+    pinmem_populate_facts f;
+    pinmem_populate_plan plan;
+    CHECK(pinmem_populate_probe(3, &f) == PINMEM_EINVAL, "bad run");
+    CHECK(pinmem_populate_probe(1, &f) == PINMEM_OK && f.probed == 1, "probe runs");
+    CHECK(f.touch_gbps > 0.0 && (f.madvise_gbps > 0.0) == (f.populate_write != 0), "rates %g %g",
+          f.touch_gbps, f.madvise_gbps);
+    CHECK(f.thread_steps >= 1 && f.thread_count[0] == 1, "steps %d", f.thread_steps);
+    for (int i = 0; i < f.thread_steps; i++)
+        CHECK(f.thread_gbps[i] > 0.0, "step %d rate", i);
+    CHECK(f.bytes >= 32 * MIB && f.seconds > 0.0, "cost %llu bytes %g s",
+          (unsigned long long)f.bytes, f.seconds);
+    double first = f.seconds;
+    CHECK(pinmem_populate_probe(0, &f) == PINMEM_OK && f.probed && f.seconds == first,
+          "kept, not rerun");
+    pinmem_populate_plan decided;
+    pinmem_populate_decide(&f, &decided);
+    CHECK(pinmem_populate_plan_get(&plan) == PINMEM_OK && plan.method == decided.method &&
+              plan.threads == decided.threads && plan.threads_source == PINMEM_PLAN_PROBE,
+          "plan in effect is the probe's");
+    pinmem_option_set(PINMEM_OPT_POPULATE_METHOD, 2);
+    pinmem_option_set(PINMEM_OPT_POPULATE_THREADS, 3);
+    CHECK(pinmem_populate_plan_get(&plan) == PINMEM_OK &&
+              plan.method == PINMEM_POPULATE_FIRST_TOUCH &&
+              plan.method_source == PINMEM_PLAN_OPTION && plan.threads == 3 &&
+              plan.threads_source == PINMEM_PLAN_OPTION,
+          "options win");
+    pinmem_alloc_params p = params(64 * MIB);
+    pinmem_region r;
+    pinmem_option_set(PINMEM_OPT_MIN_THREAD_BYTES, 4 * MIB);
+    CHECK(pinmem_alloc(&p, &r) == PINMEM_OK && r.populate_method == PINMEM_POPULATE_FIRST_TOUCH &&
+              r.threads_used == 3 && resident(&r) == r.mapped_size,
+          "alloc follows the options: method %d threads %d", r.populate_method, r.threads_used);
+    pinmem_free(r.addr);
+    pinmem_option_set(PINMEM_OPT_POPULATE_METHOD, 1);
+    if (f.populate_write) {
+        CHECK(pinmem_alloc(&p, &r) == PINMEM_OK && r.populate_method == PINMEM_POPULATE_MADVISE,
+              "method 1: madvise");
+        pinmem_free(r.addr);
+    }
+    pinmem_option_set(PINMEM_OPT_POPULATE_METHOD, 0);
+    pinmem_option_set(PINMEM_OPT_POPULATE_THREADS, 0);
+    pinmem_option_set(PINMEM_OPT_MIN_THREAD_BYTES, 64 * MIB);
+    CHECK(pinmem_populate_probe(2, &f) == PINMEM_OK && f.probed, "rerun");
+}
+
+/* A reservation far beyond RAM, and a commit beyond the room refused first. */
+static void test_memory_room(void)
+{
+    uint64_t room = 0;
+    const char *limit = NULL;
+    CHECK(pinmem_memory_room(1, &room, &limit) == PINMEM_OK && room > 0 && limit != NULL,
+          "room %llu", (unsigned long long)room);
+    CHECK(pinmem_memory_room(1, NULL, NULL) == PINMEM_EINVAL, "NULL room");
+    pinmem_caps c;
+    pinmem_probe(&c);
+    pinmem_region r, q;
+    size_t big = (size_t)c.mem_total * 3;
+    CHECK(reserve(big, PINMEM_HUGE_NEVER, &r) == PINMEM_OK, "reserve 3x RAM: %s",
+          pinmem_last_detail());
+    size_t over = (size_t)(room + 256 * MIB) / (2 * MIB) * (2 * MIB);
+    if (room < c.mem_total - 512 * MIB) {
+        int how = -1;
+        CHECK(pinmem_commit(r.addr, 0, over, PINMEM_PIN_MLOCK, 0, &how) == PINMEM_ELIMIT,
+              "commit beyond the room");
+        CHECK(strstr(pinmem_last_detail(), limit) != NULL, "names the limit: %s",
+              pinmem_last_detail());
+        CHECK(pinmem_query(r.addr, &q) == PINMEM_OK && q.committed_bytes == 0 &&
+                  resident_range(r.addr, 64 * MIB) == 0,
+              "nothing committed or resident");
+    } else {
+        printf("skip commit beyond the room: room %llu is close to RAM\n",
+               (unsigned long long)room);
+    }
+    CHECK(pinmem_free(r.addr) == PINMEM_OK, "free the reservation");
+}
+
 static void test_bad_input(void)
 {
     pinmem_region r;
@@ -225,7 +432,7 @@ static void test_mlock(void)
         CHECK(resident(&r) == r.mapped_size, "resident");
         pinmem_free(r.addr);
     }
-    pinmem_option_set(PINMEM_OPT_FAKE_MLOCK_EPERM, 1);
+    pinmem_test_set_fault(PINMEM_FAULT_MLOCK_EPERM, 1);
     rc = pinmem_alloc(&p, &r);
     CHECK(rc == PINMEM_EMLOCK, "explicit mlock refused rc %d", rc);
     CHECK(strstr(pinmem_last_detail(), "memlock limit") != NULL, "detail names limit");
@@ -238,7 +445,7 @@ static void test_mlock(void)
         CHECK(locked_bytes(r.addr, r.mapped_size) == 0, "nothing locked");
         pinmem_free(r.addr);
     }
-    pinmem_option_set(PINMEM_OPT_FAKE_MLOCK_EPERM, 0);
+    pinmem_test_set_fault(PINMEM_FAULT_MLOCK_EPERM, 0);
 }
 
 static void test_hugepages(void)
@@ -298,11 +505,11 @@ static void test_numa(void)
     CHECK(pinmem_alloc(&p, &r) == PINMEM_OK, "numa alloc");
     CHECK(r.numa_node == nodes[0], "node");
     pinmem_free(r.addr);
-    pinmem_option_set(PINMEM_OPT_FAKE_MBIND_EPERM, 1);
+    pinmem_test_set_fault(PINMEM_FAULT_MBIND_EPERM, 1);
     CHECK(pinmem_alloc(&p, &r) == PINMEM_OK && r.numa_bound == 0, "mbind refused falls back");
     CHECK(resident(&r) == r.mapped_size, "still populated");
     pinmem_free(r.addr);
-    pinmem_option_set(PINMEM_OPT_FAKE_MBIND_EPERM, 0);
+    pinmem_test_set_fault(PINMEM_FAULT_MBIND_EPERM, 0);
     p.numa_node = 999;
     CHECK(pinmem_alloc(&p, &r) == PINMEM_ENUMA_NODE, "missing node");
     CHECK(strstr(pinmem_last_detail(), "999") != NULL, "names node");
@@ -640,7 +847,7 @@ static void test_commit_mlock_refused(void)
 {
     pinmem_region r, q;
     CHECK(reserve(8 * MIB, PINMEM_HUGE_NEVER, &r) == PINMEM_OK, "reserve");
-    pinmem_option_set(PINMEM_OPT_FAKE_MLOCK_EPERM, 1);
+    pinmem_test_set_fault(PINMEM_FAULT_MLOCK_EPERM, 1);
     int how = -1;
     CHECK(pinmem_commit(r.addr, 0, 4 * MIB, PINMEM_PIN_MLOCK, 0, &how) == PINMEM_EMLOCK,
           "explicit mlock refused");
@@ -656,7 +863,7 @@ static void test_commit_mlock_refused(void)
               q.pinned_bytes == 0,
           "committed, unpinned");
     CHECK(resident_range(r.addr, 4 * MIB) == 4 * MIB, "resident");
-    pinmem_option_set(PINMEM_OPT_FAKE_MLOCK_EPERM, 0);
+    pinmem_test_set_fault(PINMEM_FAULT_MLOCK_EPERM, 0);
     int rc = pinmem_commit(r.addr, 4 * MIB, 4 * MIB, PINMEM_PIN_AUTO, 0, &how);
     CHECK(rc == PINMEM_OK, "auto rc %d", rc);
     if (how == PINMEM_PINNED_MLOCK)
@@ -1056,8 +1263,18 @@ static void test_cuda(const char *fake)
 int main(int argc, char **argv)
 {
     const char *fake = argc > 1 ? argv[1] : getenv("PINMEM_TEST_FAKE_CUDART");
+    const char *production = argc > 2 ? argv[2] : NULL;
+    /* Options are read once, at first use: set the variables first. */
+    setenv("KVPOOL_MLOCK_MODE", "7", 1);
+    setenv("KVPOOL_MIN_THREAD_BYTES", "lots", 1);
+    setenv("KVPOOL_REGISTER_THRESHOLD_BYTES", "256G", 1);
     /* Keep the tests off any real GPU: start without CUDA. */
     pinmem_cuda_reload("");
+    test_option_reports();
+    test_production_surface(production);
+    test_populate_decide();
+    test_populate_probe();
+    test_memory_room();
     test_basics();
     test_bad_input();
     test_anonymous();

@@ -192,6 +192,8 @@ def test_installed_console_script(tmp_path: Path) -> None:
     script = Path(sys.executable).with_name("kvpool")
     if not script.exists():
         pytest.skip(f"no console script next to {sys.executable} (kvpool not pip-installed)")
-    proc = subprocess.run([str(script), "bench", "--list"], capture_output=True, text=True)
+    # The installed kvpool loads its own library, not the test build tests/conftest.py chose.
+    env = {k: v for k, v in os.environ.items() if k != "KVPOOL_LIBPINMEM"}
+    proc = subprocess.run([str(script), "bench", "--list"], capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr
     assert "pool_ready" in proc.stdout

@@ -86,7 +86,7 @@ def test_shared_memory_commit_keeps_the_other_side_s_data(options) -> None:
         assert resident(owner) == 4 * MIB
 
 
-def test_mlock_step_reports_mlock_or_raises(smaps, options) -> None:
+def test_mlock_step_reports_mlock_or_raises(smaps, options, faults) -> None:
     with reserve(8 * MIB) as buf:
         try:
             how = buf.commit(0, 4 * MIB, pin="mlock")
@@ -94,7 +94,7 @@ def test_mlock_step_reports_mlock_or_raises(smaps, options) -> None:
             pytest.skip(f"mlock is not allowed here: {exc}")
         assert how == "mlock"
         assert smaps.fields(buf.address, buf.mapped_size)["Locked"] == 4 * MIB
-        native.option_set("fake_mlock_eperm", 1)
+        faults.set("mlock_eperm")
         with pytest.raises(errors.FeatureUnavailableError, match="memlock limit"):
             buf.commit(4 * MIB, 4 * MIB, pin="mlock")
         assert buf.committed_bytes == 4 * MIB

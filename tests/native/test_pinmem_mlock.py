@@ -27,8 +27,8 @@ def test_every_mlock_mode_locks_everything(mode: int, smaps, options) -> None:
         assert fields["Rss"] == buf.mapped_size
 
 
-def test_refused_mlock_auto_reports_none(smaps, options) -> None:
-    native.option_set("fake_mlock_eperm", 1)
+def test_refused_mlock_auto_reports_none(smaps, faults) -> None:
+    faults.set("mlock_eperm")
     with allocate_host(8 * MIB) as buf:
         assert buf.pinned == "none"
         fields = smaps.fields(buf.address, buf.mapped_size)
@@ -36,8 +36,8 @@ def test_refused_mlock_auto_reports_none(smaps, options) -> None:
         assert fields["Rss"] == buf.mapped_size
 
 
-def test_refused_mlock_explicit_raises_with_the_limit(options) -> None:
-    native.option_set("fake_mlock_eperm", 1)
+def test_refused_mlock_explicit_raises_with_the_limit(faults) -> None:
+    faults.set("mlock_eperm")
     with pytest.raises(errors.FeatureUnavailableError) as info:
         allocate_host(8 * MIB, pin="mlock")
     message = str(info.value)

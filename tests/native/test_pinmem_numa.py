@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kvpool import errors, native
+from kvpool import errors
 from kvpool.native.buffer import allocate_host
 from kvpool.native.machine import current_numa_node, numa_nodes
 
@@ -55,8 +55,8 @@ def test_negative_node_is_invalid() -> None:
         allocate_host(MIB, numa_node=-1)
 
 
-def test_mbind_refused_falls_back_unbound(options, smaps) -> None:
-    native.option_set("fake_mbind_eperm", 1)
+def test_mbind_refused_falls_back_unbound(faults, smaps) -> None:
+    faults.set("mbind_eperm")
     with allocate_host(8 * MIB, pin="none", numa_node=0) as buf:
         assert buf.numa_bound is False
         assert buf.numa_node == 0
@@ -64,18 +64,35 @@ def test_mbind_refused_falls_back_unbound(options, smaps) -> None:
         buf.memoryview()[0] = 1
 
 
-def test_mbind_refused_via_environment(python, child_env) -> None:
+def test_production_library_has_no_fault_switches(python, child_env) -> None:
+    """The installed library ignores the old fault variables and has no test call."""
     import subprocess
 
-    env = dict(child_env, KVPOOL_FAKE_MBIND_EPERM="1")
+    import kvpool
+
+    production = Path(kvpool.__file__).resolve().parent / "native" / "libpinmem.so"
+    with allocate_host(1 << 20, pin="none", numa_node=0) as buf:
+        bound_for_real = buf.numa_bound  # no fault switched on here
+    env = dict(
+        child_env,
+        KVPOOL_LIBPINMEM=str(production),
+        KVPOOL_FAKE_MBIND_EPERM="1",
+        KVPOOL_FAKE_MLOCK_EPERM="1",
+    )
     code = (
+        "from kvpool import native\n"
         "from kvpool.native.buffer import allocate_host\n"
         "b = allocate_host(1 << 20, pin='none', numa_node=0)\n"
-        "print(b.numa_bound)\n"
+        "try:\n"
+        "    native.lib.pinmem_test_set_fault\n"
+        "    test_call = True\n"
+        "except native.ffi.error:\n"
+        "    test_call = False\n"
+        "print(native.library_path(), b.numa_bound, test_call)\n"
     )
     out = subprocess.run([python, "-c", code], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "False"
+    assert out.stdout.split() == [str(production), str(bound_for_real), "False"]
 
 
 @pytest.mark.skipif(len(sysfs_nodes()) < 2, reason="needs a machine with two NUMA nodes")

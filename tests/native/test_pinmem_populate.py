@@ -81,6 +81,9 @@ def test_native_populate_helper() -> None:
 
 def test_threads_option_default(options) -> None:
     caps = capabilities()
-    assert caps.default_populate_threads == min(caps.cpu_affinity, 16)
+    # The populate plan's count: the rule's (CPUs, at most 16) until the probe ran.
+    assert caps.default_populate_threads == native.populate_plan().threads
+    if not native.populate_probe("report").probed:
+        assert caps.default_populate_threads == min(caps.cpu_affinity, 16)
     native.option_set("populate_threads", 1)
     assert capabilities().default_populate_threads == 1

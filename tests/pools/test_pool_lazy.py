@@ -40,6 +40,8 @@ def test_signature_is_lmcaches() -> None:
         ("align_bytes", 4096),
         ("numa_mapping", None),
     ]
+    names = [p.name for p in params]
+    assert "keep_free" in names
     assert issubclass(kvpool.LazyMemoryAllocator, kvpool.MemoryPool)
     assert kvpool.LazyMemoryAllocator.PIN_CHUNK_SIZE == 64 * MIB
     assert kvpool.LazyMemoryAllocator.COMMIT_SIZE == GIB
@@ -153,6 +155,58 @@ def test_dropped_while_growing_is_collected_after_growth(mappings: int) -> None:
     assert count_mappings() == mappings
 
 
+def _ram() -> int:
+    from kvpool.native.machine import capabilities
+
+    return capabilities().mem_total
+
+
+def test_reserves_far_beyond_ram_and_serves_at_once(mappings: int) -> None:
+    """A final size of 3x RAM is only reserved; the small first part is usable now."""
+    size = 3 * _ram()
+    pool = kvpool.LazyMemoryAllocator(32 * MIB, size, start=False)
+    try:
+        assert pool.size == size
+        assert pool.committed_bytes == 32 * MIB
+        obj = pool.allocate(*raw(MIB), KV_FMT)
+        assert obj is not None
+        obj.byte_array[:4] = b"kvkv"
+        assert bytes(obj.byte_array[:4]) == b"kvkv"
+        assert pool.allocate(*raw(128 * MIB), KV_FMT) is None  # not grown yet
+        obj.ref_count_down()
+    finally:
+        pool.close()
+    del pool, obj
+    assert count_mappings() == mappings
+
+
+def test_growth_stops_safely_at_the_machine_limit(
+    mappings: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """keep_free as large as RAM: no step fits, growth stops at once without an error."""
+    ram = _ram()
+    with caplog.at_level("WARNING", logger="kvpool"):
+        pool = kvpool.LazyMemoryAllocator(2 * MIB, 3 * ram, step_size=4 * MIB, keep_free=ram)
+        try:
+            assert pool.wait_ready(LIVENESS) is False  # not fully grown, and no exception
+            assert not pool.growing
+            assert pool.stopped_by is not None and "keep_free" in pool.stopped_by
+            assert pool.committed_bytes == 2 * MIB
+            assert pool.usable_bytes == 2 * MIB
+            assert pool.allocate(*raw(MIB), KV_FMT) is not None  # still a working pool
+        finally:
+            pool.close()
+    assert any("stopped growing" in r.getMessage() for r in caplog.records)
+    del pool
+    assert count_mappings() == mappings
+
+
+def test_full_growth_has_no_stop_reason() -> None:
+    with kvpool.LazyMemoryAllocator(2 * MIB, 8 * MIB, step_size=2 * MIB) as pool:
+        assert pool.wait_ready(LIVENESS)
+        assert pool.stopped_by is None
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [
@@ -165,6 +219,8 @@ def test_dropped_while_growing_is_collected_after_growth(mappings: int) -> None:
         {"init_size": MIB, "final_size": MIB, "step_size": 0},
         {"init_size": MIB, "final_size": MIB, "step_size": True},
         {"init_size": MIB, "final_size": MIB, "align_bytes": 3},
+        {"init_size": MIB, "final_size": MIB, "keep_free": -1},
+        {"init_size": MIB, "final_size": MIB, "keep_free": 1.5},
     ],
     ids=lambda kw: ",".join(f"{k}={v!r}" for k, v in kw.items()),
 )

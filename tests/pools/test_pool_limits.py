@@ -43,15 +43,26 @@ def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeHost:
     return FakeHost(tmp_path)
 
 
+@pytest.mark.parametrize(
+    ("keep_free", "stopped_by"),
+    [(None, "would leave less than keep_free="), (0, "committing 8 MiB at offset 8388608")],
+    ids=["keep_free-default", "commit-check"],
+)
 def test_lazy_growth_stops_at_the_limit_and_the_pool_stays_usable(
-    host: FakeHost, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    host: FakeHost,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    keep_free: int | None,
+    stopped_by: str,
 ) -> None:
     job = level(
         host.v1(cgroup="/job") / "job", memory__limit_in_bytes=GIB, memory__usage_in_bytes=0
     )
     host.install(monkeypatch)
     before = count_mappings()
-    pool = kvpool.LazyMemoryAllocator(8 * MIB, 64 * MIB, step_size=8 * MIB, start=False)
+    pool = kvpool.LazyMemoryAllocator(
+        8 * MIB, 64 * MIB, step_size=8 * MIB, start=False, keep_free=keep_free
+    )
     try:
         # The cgroup fills up (another process, say) before the pool grows.
         (job / "memory.usage_in_bytes").write_text(str(GIB - 20 * MIB))
@@ -59,13 +70,15 @@ def test_lazy_growth_stops_at_the_limit_and_the_pool_stays_usable(
             pool.start_growth()
             assert pool.wait_ready(LIVENESS) is False
         assert not pool.growing  # finished, not timed out
-        assert isinstance(pool.stopped_by, kvpool.MemoryLimitError)
-        assert str(job / "memory.limit_in_bytes") in str(pool.stopped_by)
+        assert pool.stopped_by is not None
+        assert stopped_by in pool.stopped_by
+        assert "memory cgroup /job (v1)" in pool.stopped_by
+        assert str(job / "memory.limit_in_bytes") in pool.stopped_by
         assert pool.committed_bytes == 8 * MIB
         assert pool.usable_bytes == 8 * MIB
         warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
         assert any(
-            "stops growing" in r.getMessage() and "memory cgroup /job (v1)" in r.getMessage()
+            "stopped growing" in r.getMessage() and "memory cgroup /job (v1)" in r.getMessage()
             for r in warnings
         )
         # Usable at the size it reached: 8 MiB can be handed out, not more.
@@ -128,7 +141,7 @@ import json, logging, torch
 import kvpool
 from kvpool import MemoryFormat
 logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s %(message)s")
-pool = kvpool.LazyMemoryAllocator(256 << 20, 2 << 30)
+pool = kvpool.LazyMemoryAllocator(256 << 20, 2 << 30, **{kwargs})
 ready = pool.wait_ready({liveness})
 obj = pool.allocate(torch.Size([128 << 20]), torch.uint8, MemoryFormat.KV_2LTD)
 obj.tensor.fill_(5)
@@ -137,7 +150,7 @@ too_big = pool.allocate(torch.Size([pool.usable_bytes + 4096]), torch.uint8, Mem
 print(json.dumps({{
     "ready": ready,
     "growing": pool.growing,
-    "stopped_by": type(pool.stopped_by).__name__,
+    "stopped_by": pool.stopped_by,
     "committed": pool.committed_bytes,
     "usable": pool.usable_bytes,
     "readback": readback,
@@ -201,19 +214,33 @@ def test_a_pool_larger_than_the_cgroup_is_refused_not_killed(
     assert "raise the cgroup's limit" in message and "smaller pool" in message
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "grows"),
+    [
+        ({}, False),  # LMCache's call; the default keep_free (up to 2 GiB) stops it at once
+        ({"step_size": 128 * MIB, "keep_free": 0}, True),  # grows up to the commit check
+    ],
+    ids=["defaults", "keep_free=0"],
+)
 def test_a_lazy_pool_stops_growing_at_the_cgroup_limit_and_stays_usable(
-    limited: MemoryCgroup, cgroup_env: dict[str, str], tmp_path: Path
+    limited: MemoryCgroup,
+    cgroup_env: dict[str, str],
+    tmp_path: Path,
+    kwargs: dict[str, int],
+    grows: bool,
 ) -> None:
-    code, result = run_child(limited, CHILD_LAZY.format(liveness=LIVENESS), cgroup_env, tmp_path)
+    script = CHILD_LAZY.format(liveness=LIVENESS, kwargs=kwargs)
+    code, result = run_child(limited, script, cgroup_env, tmp_path)
     assert code == 0, result["stderr"][-2000:]
     assert result["ready"] is False
     assert result["growing"] is False  # stopped, not timed out
-    assert result["stopped_by"] == "MemoryLimitError"
-    assert 256 * MIB <= result["committed"] < 2 * GIB
+    assert str(limited.limit_file) in result["stopped_by"]
+    assert 256 * MIB <= result["committed"] < GIB
+    assert (result["committed"] > 256 * MIB) is grows
     assert result["usable"] == result["committed"]
     assert result["readback"] == 10
     assert result["too_big"] is False
-    warning = [line for line in result["stderr"].splitlines() if "stops growing" in line]
+    warning = [line for line in result["stderr"].splitlines() if "stopped growing" in line]
     assert warning and warning[0].startswith("WARNING kvpool")
     assert str(limited.limit_file) in warning[0]
 

@@ -1,0 +1,29 @@
+/* Test-only fault switches (built with -DPINMEM_TESTING; absent otherwise). */
+#include "internal.h"
+
+#ifdef PINMEM_TESTING
+
+static int pm_faults[PINMEM_FAULT_COUNT]; /* atomics */
+
+int pm_fault(int fault)
+{
+    if (fault < 0 || fault >= PINMEM_FAULT_COUNT)
+        return 0;
+    return __atomic_load_n(&pm_faults[fault], __ATOMIC_RELAXED);
+}
+
+PINMEM_API int pinmem_test_set_fault(int fault, int on)
+{
+    if (fault < 0 || fault >= PINMEM_FAULT_COUNT)
+        return pm_fail(PINMEM_EINVAL, 0, "fault %d does not exist (0..%d)", fault,
+                       PINMEM_FAULT_COUNT - 1);
+    __atomic_store_n(&pm_faults[fault], on ? 1 : 0, __ATOMIC_RELAXED);
+    return PINMEM_OK;
+}
+
+#else
+
+/* ISO C wants at least one declaration in a translation unit. */
+typedef int pm_fault_unused;
+
+#endif
