@@ -33,6 +33,26 @@ static int64_t pm_cgroup_room_at(const char *dir, int v2)
     snprintf(path, sizeof path, "%s/%s", dir, v2 ? "memory.current" : "memory.usage_in_bytes");
     if (pm_read_i64(path, &usage) != 0)
         return -1;
+    /* The working set, as container runtimes count it (and as kvpool's
+     * Python check does): inactive page cache is reclaimed before the OOM
+     * killer acts, so it is not counted against the room. */
+    char stat[8192];
+    snprintf(path, sizeof path, "%s/memory.stat", dir);
+    if (pm_read_text(path, stat, sizeof stat) == 0) {
+        const char *key = v2 ? "inactive_file " : "total_inactive_file ";
+        size_t klen = strlen(key);
+        const char *value = NULL;
+        for (const char *line = stat; line != NULL && value == NULL;) {
+            if (strncmp(line, key, klen) == 0)
+                value = line + klen;
+            const char *next = strchr(line, '\n');
+            line = next != NULL ? next + 1 : NULL;
+        }
+        long long inactive = 0;
+        if (value != NULL && sscanf(value, "%lld", &inactive) == 1 && inactive > 0 &&
+            inactive <= usage)
+            usage -= inactive;
+    }
     return limit > usage ? limit - usage : 0;
 }
 

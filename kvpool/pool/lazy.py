@@ -83,7 +83,8 @@ class LazyMemoryAllocator(MemoryPool):
         byte_buffers: route ``BINARY_BUFFER`` to Python byte buffers.
         start: start growing now (else call :meth:`start_growth`).
         keep_free: growth stops when a step would leave less than this many
-            bytes that could still be made resident (default: 10% of RAM,
+            bytes that could still be made resident (default: 10% of the
+            tightest memory limit - the container's cgroup limit, else RAM -
             at most 2 GiB); see :attr:`stopped_by`.
 
     Sizes are rounded up to the page size in use (4 KiB or 2 MiB); unlike
@@ -122,7 +123,11 @@ class LazyMemoryAllocator(MemoryPool):
     ) -> None:
         check_keywords("LazyMemoryAllocator()", kwargs, ())
         if keep_free is None:
-            keep_free = min(2 << 30, _native.probe()["mem_total"] // 10)
+            # Relative to the limit that binds (a 1 GiB container keeps 100 MiB
+            # free, not a tenth of the host's RAM, which it may never reach).
+            tightest = limits.headroom(hugetlb=False).binding
+            total = tightest.limit if tightest is not None else _native.probe()["mem_total"]
+            keep_free = min(2 << 30, total // 10)
         self._keep_free = check_int("keep_free", keep_free, low=0)
         size = check_size("final_size", final_size)
         if step_size is None:
