@@ -32,11 +32,19 @@ from typing import Any
 
 import torch
 
-from kvpool.checks import check_bool, check_int, check_keywords, check_power_of_two
+from kvpool.checks import (
+    check_bool,
+    check_int,
+    check_keywords,
+    check_optional_str,
+    check_power_of_two,
+)
 from kvpool.errors import (
+    ArgumentTypeError,
     FeatureUnavailableError,
     InvalidArgumentError,
     InvalidHandleError,
+    OutOfMemoryError,
 )
 from kvpool.formats import MemoryFormat, normalize_layout
 from kvpool.native.machine import read_hugepage_info
@@ -49,7 +57,7 @@ from kvpool.pool.interface import MemoryAllocatorInterface
 from kvpool.pool.metadata import MemoryObjMetadata
 from kvpool.pool.objects import MemoryObj
 from kvpool.pool.paged import PagedTensorMemoryAllocator
-from kvpool.pool.policy import PlacementSpec
+from kvpool.pool.policy import PlacementSpec, check_format, check_object_list
 from kvpool.pool.pools import MemoryPool
 from kvpool.pool.shared import AttachedPool, IndexedPool, SharedPoolBacking, index_slots
 from kvpool.pool.shmindex import IndexWriter
@@ -186,6 +194,7 @@ class MixedMemoryAllocator(IndexedPool):
             self.shm_name: str | None = config.get_extra_config_value("shm_name", None)
         else:
             self.shm_name = kwargs.get("shm_name")
+        check_optional_str("shm_name", self.shm_name)
         if check_bool("use_hugepages", use_hugepages) and self.shm_name:
             raise InvalidArgumentError(
                 "hugepages are not supported with shared memory (shm_name); "
@@ -217,7 +226,7 @@ class MixedMemoryAllocator(IndexedPool):
         return self.allocator
 
 
-def attach_pool(shm_name: str, size: int | None = None) -> AttachedPool:
+def attach_pool(shm_name: str, size: int | None = None, *, pin: str = "auto") -> AttachedPool:
     """Map the shared memory of a pool another process created with ``shm_name``.
 
     The result, an :class:`~kvpool.pool.shared.AttachedPool`, has:
@@ -243,17 +252,19 @@ def attach_pool(shm_name: str, size: int | None = None) -> AttachedPool:
         shm_name: the pool's ``shm_name``.
         size: bytes to map (default: the whole segment; a pool mapped in
             part has no index, only ``view``).
+        pin: as :func:`kvpool.attach_shm` takes it: "auto" (default: pin when CUDA or
+            the memlock limit allows), "none" (lock nothing), "mlock", "cuda-register".
 
     Returns:
         The :class:`~kvpool.pool.shared.AttachedPool`; close it to detach.
 
     Raises:
         SharedMemoryNotFoundError: no pool of that name exists.
-        InvalidArgumentError: a bad name, or a size that is not positive
-            or exceeds the segment.
+        InvalidArgumentError: a bad name, a size that is not positive
+            or exceeds the segment, or a bad pin mode.
         InvalidHandleError: the segment's index is damaged.
     """
-    return AttachedPool(shm_name, size)
+    return AttachedPool(shm_name, size, pin=pin)
 
 
 class _DevicePool(MemoryPool):
@@ -411,10 +422,14 @@ class AdHocMemoryAllocator(MemoryAllocatorInterface):
             InvalidArgumentError: bad layout.
         """
         shape_list, dtype_list, nbytes = normalize_layout(shapes, dtypes)
+        check_format(fmt)
         meta = MemoryObjMetadata(
             shape_list[0], dtype_list[0], 0, 0, 1, 0, fmt, None, shape_list, dtype_list
         )
-        raw = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        try:
+            raw = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        except RuntimeError as exc:  # torch says "can't allocate memory" this way
+            raise OutOfMemoryError(f"{nbytes} bytes on {self.device}: {exc}") from None
         return TensorMemoryObj(raw, meta, self)
 
     def batched_allocate(
@@ -425,8 +440,8 @@ class AdHocMemoryAllocator(MemoryAllocatorInterface):
         fmt: MemoryFormat = MemoryFormat.KV_2LTD,
         allocator_type: str | None = None,
     ) -> list[MemoryObj] | None:
-        """Not supported, as in the reference."""
-        raise NotImplementedError("batched allocation is not supported by AdHocMemoryAllocator")
+        """Not supported, as in the reference: raises FeatureUnavailableError."""
+        raise FeatureUnavailableError("AdHocMemoryAllocator: no batched_allocate; use allocate()")
 
     def free(self, memory_obj: MemoryObj, allocator_type: str | None = None) -> None:
         """Nothing to do: the tensor is garbage-collected."""
@@ -519,7 +534,7 @@ class PagedCpuGpuMemoryAllocator(MemoryAllocatorInterface):
         return self.cpu_allocator.align_bytes
 
     def _pool(self, allocator_type: str | None) -> MemoryPool:
-        if allocator_type not in ("cpu", "gpu"):
+        if not isinstance(allocator_type, str) or allocator_type not in ("cpu", "gpu"):
             raise InvalidArgumentError(
                 f"allocator_type must be 'cpu' or 'gpu', got {allocator_type!r}"
             )
@@ -573,6 +588,7 @@ class PagedCpuGpuMemoryAllocator(MemoryAllocatorInterface):
         update_stats: bool = True,
     ) -> None:
         """Free each object into the pool it came from."""
+        check_object_list(memory_objs, "batched_free")
         by_pool: dict[int, tuple[MemoryPool, list[MemoryObj]]] = {}
         for obj in memory_objs:
             pool = self._owner(obj, allocator_type)
@@ -629,13 +645,14 @@ def _allocate_cpu_memory(
     """
     if size.__class__ is int and size == 0:
         return torch.empty(0, dtype=torch.uint8)
-    if use_hugepages and shm_name:
+    hugepages = check_bool("use_hugepages", use_hugepages)
+    if hugepages and check_optional_str("shm_name", shm_name):
         raise InvalidArgumentError("hugepages are not supported with shared memory (shm_name)")
     spec = HostSpec(
         size,
         pin="auto",
         numa_node=resolve_numa_node(numa_mapping),
-        hugepages="required" if check_bool("use_hugepages", use_hugepages) else "never",
+        hugepages="required" if hugepages else "never",
         shm_name=shm_name,
     )
     backing = HostBacking(spec)
@@ -663,8 +680,8 @@ def _free_cpu_memory(
     """
     if torch.cuda.is_available():
         torch.cuda.synchronize()
-    if not isinstance(buffer, torch.Tensor):
-        raise InvalidArgumentError(f"buffer must be a tensor, got {type(buffer).__name__}")
+    if not isinstance(buffer, torch.Tensor) or buffer.layout is not torch.strided:
+        raise ArgumentTypeError(f"buffer must be a dense tensor, got {type(buffer).__name__}")
     if buffer.numel() == 0:
         return
     with _cpu_buffers_lock:

@@ -10,22 +10,59 @@ the fix.  These are for public entry points; hot paths (``allocate``,
 from __future__ import annotations
 
 import difflib
+import functools
+import inspect
+import math
 import operator
-from collections.abc import Collection, Mapping
+import threading
+from collections.abc import Callable, Collection, Mapping
+from enum import EnumMeta
 from typing import Any
 
-from kvpool.errors import ArgumentTypeError, BatchSizeError, InvalidArgumentError
+from kvpool.errors import ArgumentTypeError, BatchSizeError, InvalidArgumentError, KVPoolError
 
 __all__ = [
+    "TypedEnumLookup",
     "check_batch_size",
     "check_bool",
+    "check_callable",
     "check_keywords",
     "check_choice",
     "check_int",
     "check_optional_int",
+    "check_optional_str",
     "check_power_of_two",
+    "check_seconds",
     "check_size",
+    "keywords_of",
 ]
+
+
+# numpy's and torch's names of their bool dtypes (both index like 0 and 1).
+_BOOL_DTYPES = ("bool", "torch.bool")
+
+
+class TypedEnumLookup(EnumMeta):
+    """The metaclass of kvpool's enums: ``Enum(value)`` raises kvpool's error for a bad value.
+
+    Python's own lookup raises a bare ``ValueError`` (or whatever comparing
+    an odd value raises); this one raises :class:`InvalidArgumentError`
+    listing the accepted values, with ``_lookup_hint(value)`` appended when
+    the enum defines it.
+    """
+
+    def __call__(cls, value: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().__call__(value, *args, **kwargs)
+        except (ValueError, TypeError, RuntimeError) as exc:
+            if args or kwargs or isinstance(exc, KVPoolError):
+                raise
+            names = ", ".join(f"{m.value!r} ({m.name})" for m in cls)  # type: ignore[var-annotated]
+            hint = getattr(cls, "_lookup_hint", None)
+            raise InvalidArgumentError(
+                f"{value!r} is not a {cls.__name__} value; use one of {names}"
+                f"{hint(value) if hint is not None else ''}"
+            ) from None
 
 
 def _hint(fix: str | None) -> str:
@@ -61,7 +98,7 @@ def check_int(
     if value.__class__ is int:  # the common case, checked without a call
         number = value  # type: ignore[assignment]
     else:
-        if isinstance(value, bool) or getattr(value, "dtype", None) == "bool":
+        if isinstance(value, bool) or str(getattr(value, "dtype", "")) in _BOOL_DTYPES:
             raise ArgumentTypeError(f"{name} must be an int, got the bool {value!r}{_hint(fix)}")
         try:
             number = operator.index(value)  # type: ignore[arg-type]
@@ -128,16 +165,78 @@ def check_bool(name: str, value: object) -> bool:
     """Return ``value`` as a ``bool`` if it is one (numpy bools included).
 
     Raises:
-        InvalidArgumentError: anything else (ints, strings, tensors...), so
+        ArgumentTypeError: anything else (ints, strings, tensors...), so
             that a misplaced argument is not read as a flag.
     """
     if value is True or value is False:
         return value  # type: ignore[return-value]
-    if type(value).__name__ == "bool_" and type(value).__module__ == "numpy":
-        return bool(value)
-    raise InvalidArgumentError(
-        f"{name} must be True or False, got {type(value).__name__} {value!r}"
+    if type(value).__name__ in ("bool", "bool_") and type(value).__module__ == "numpy":
+        return bool(value)  # type: ignore[arg-type]
+    raise ArgumentTypeError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
+
+
+def check_seconds(
+    name: str, value: object, *, allow_none: bool = False, allow_zero: bool = False
+) -> float | None:
+    """Return ``value`` as a ``float`` if it is a finite, positive number of seconds.
+
+    Ints, floats and numpy numbers are accepted; bools, NaN and infinities
+    are not.  The result is capped at :data:`threading.TIMEOUT_MAX`, the
+    longest wait the interpreter can express.
+
+    Args:
+        name: the argument's name.
+        value: what the caller passed.
+        allow_none: let ``None`` (no limit) through.
+        allow_zero: accept 0 too.
+
+    Raises:
+        InvalidArgumentError: anything else (``ArgumentTypeError`` for a
+            value that is not a number).
+    """
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or str(getattr(value, "dtype", "")) in _BOOL_DTYPES:
+        raise ArgumentTypeError(f"{name} must be a number of seconds, got the bool {value!r}")
+    if not isinstance(value, (int, float)) and type(value).__module__ != "numpy":
+        raise ArgumentTypeError(
+            f"{name} must be a number of seconds, got {type(value).__name__} {value!r}"
+        )
+    try:
+        seconds = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError):
+        raise ArgumentTypeError(f"{name} must be a number of seconds, got {value!r}") from None
+    if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise InvalidArgumentError(
+            f"{name} must be a finite number of seconds {bound}, got {value!r}"
+        )
+    return min(seconds, threading.TIMEOUT_MAX)
+
+
+def check_callable(name: str, value: object, *, allow_none: bool = False) -> Any:
+    """Return ``value`` if it can be called (or is None, when allowed).
+
+    Raises:
+        ArgumentTypeError: not callable.
+    """
+    if (value is None and allow_none) or callable(value):
+        return value
+    raise ArgumentTypeError(
+        f"{name} must be callable{' or None' if allow_none else ''}, "
+        f"got {type(value).__name__} {value!r}"
     )
+
+
+def check_optional_str(name: str, value: object) -> str | None:
+    """Return ``value`` if it is a str or None (a name such as ``shm_name``).
+
+    Raises:
+        ArgumentTypeError: anything else.
+    """
+    if value is None or isinstance(value, str):
+        return value
+    raise ArgumentTypeError(f"{name} must be a str or None, got {type(value).__name__} {value!r}")
 
 
 def check_choice(name: str, value: object, choices: Mapping[str, Any]) -> Any:
@@ -175,6 +274,29 @@ def check_keywords(owner: str, given: Mapping[str, Any], known: Collection[str])
             f"{owner} got an unexpected keyword argument {name!r}{hint} "
             f"(accepted: {', '.join(sorted(known))})"
         )
+
+
+@functools.cache
+def keywords_of(function: Callable[..., Any], *, skip: int = 0) -> frozenset[str] | None:
+    """The names ``function`` accepts as keywords, for :func:`check_keywords`.
+
+    Args:
+        function: a function, bound method or class (its constructor).
+        skip: leading parameters to leave out (those the caller passes
+            positionally, so a keyword of that name would be a duplicate).
+
+    Returns:
+        The names, or None when ``function`` takes ``**kwargs`` (any name).
+        Cached per function.
+    """
+    params = list(inspect.signature(function).parameters.values())
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    return frozenset(
+        p.name
+        for p in params[skip:]
+        if p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    )
 
 
 def check_batch_size(batch_size: object) -> int:

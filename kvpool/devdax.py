@@ -30,8 +30,8 @@ from typing import Any
 import torch
 
 from kvpool.allocators import MixedMemoryAllocator
-from kvpool.checks import check_int
-from kvpool.errors import InvalidArgumentError, PoolClosedError
+from kvpool.checks import TypedEnumLookup, check_int
+from kvpool.errors import ArgumentTypeError, InvalidArgumentError, PoolClosedError
 from kvpool.formats import MemoryFormat, normalize_layout
 from kvpool.pool.address import AddressManager
 from kvpool.pool.devdax import DevDaxBacking, device_identity
@@ -56,7 +56,7 @@ class DevDaxNotMappedError(InvalidArgumentError):
     """No Device-DAX arena is mapped at the path asked for."""
 
 
-class DevDaxArenaState(enum.Enum):
+class DevDaxArenaState(enum.Enum, metaclass=TypedEnumLookup):
     """Where an arena is in its life: taking allocations, draining, or gone."""
 
     ACTIVE = "active"
@@ -64,10 +64,24 @@ class DevDaxArenaState(enum.Enum):
     REMOVED = "removed"
 
 
-class DevDaxRemoveMode(enum.Enum):
+class DevDaxRemoveMode(enum.Enum, metaclass=TypedEnumLookup):
     """How an arena is retired: ``DRAIN`` (unmapped once its objects are freed)."""
 
     DRAIN = "drain"
+
+
+def _check_path(device_path: object) -> str:
+    if not isinstance(device_path, str):
+        raise ArgumentTypeError(
+            f"device_path must be a str path, got {type(device_path).__name__} {device_path!r}"
+        )
+    return device_path
+
+
+def _check_obj(memory_obj: object) -> MemoryObj:
+    if not isinstance(memory_obj, MemoryObj):
+        raise ArgumentTypeError(f"expected a memory object, got {type(memory_obj).__name__}")
+    return memory_obj
 
 
 @dataclass(frozen=True)
@@ -234,6 +248,7 @@ class DevDaxMemoryAllocator(MemoryAllocatorInterface):
                 self._arenas.remove(arena)
 
     def _find_locked(self, device_path: str) -> _Arena:
+        _check_path(device_path)
         for arena in self._arenas:
             if arena.device_path == device_path:
                 return arena
@@ -243,7 +258,12 @@ class DevDaxMemoryAllocator(MemoryAllocatorInterface):
         )
 
     def owns_device(self, device_path: str) -> bool:
-        """True when an arena (active or draining) maps the device at ``device_path``."""
+        """True when an arena (active or draining) maps the device at ``device_path``.
+
+        Raises:
+            ArgumentTypeError: ``device_path`` is not a str.
+        """
+        _check_path(device_path)
         wanted = device_identity(device_path)
         if wanted is None:
             return False
@@ -333,8 +353,12 @@ class DevDaxMemoryAllocator(MemoryAllocatorInterface):
             return (self.local_allocator is not None) + len(self._arenas)
 
     def is_devdax_obj(self, memory_obj: MemoryObj) -> bool:
-        """True for an object of an arena, False for one of the DRAM pool."""
-        return memory_obj.parent() is self
+        """True for an object of an arena, False for one of the DRAM pool.
+
+        Raises:
+            ArgumentTypeError: ``memory_obj`` is not a memory object.
+        """
+        return _check_obj(memory_obj).parent() is self
 
     def _is_local(self, memory_obj: MemoryObj) -> bool:
         local = self.local_allocator
@@ -346,8 +370,9 @@ class DevDaxMemoryAllocator(MemoryAllocatorInterface):
         """True for a byte buffer request; raise for an unsupported format."""
         if fmt is MemoryFormat.BINARY_BUFFER:
             return True
-        if fmt not in TENSOR_FORMATS:
-            raise InvalidArgumentError(
+        if fmt.__class__ is not MemoryFormat or fmt not in TENSOR_FORMATS:
+            error = InvalidArgumentError if fmt.__class__ is MemoryFormat else ArgumentTypeError
+            raise error(
                 f"unsupported memory format {fmt!r} for DevDaxMemoryAllocator; supported: "
                 + ", ".join(sorted(f.name for f in TENSOR_FORMATS))
                 + ", BINARY_BUFFER"
@@ -429,7 +454,7 @@ class DevDaxMemoryAllocator(MemoryAllocatorInterface):
             return self.buffer_allocator.batched_allocate(  # type: ignore[return-value]
                 shapes, dtypes, batch_size, fmt
             )
-        check_int("batch_size", batch_size, low=0)
+        batch_size = check_int("batch_size", batch_size, low=0)
         normalize_layout(shapes, dtypes)  # a bad layout raises before anything is taken
         taken: list[tuple[Any, list[Any]]] = []
         remaining = batch_size
@@ -466,7 +491,7 @@ class DevDaxMemoryAllocator(MemoryAllocatorInterface):
         Raises:
             InvalidArgumentError: the object is not this allocator's.
         """
-        if memory_obj.get_memory_format() is MemoryFormat.BINARY_BUFFER:
+        if _check_obj(memory_obj).get_memory_format() is MemoryFormat.BINARY_BUFFER:
             return
         with self.host_mem_lock:
             self._owner_locked(memory_obj).free(memory_obj)
@@ -488,7 +513,11 @@ class DevDaxMemoryAllocator(MemoryAllocatorInterface):
             raise InvalidArgumentError(
                 f"batched_free takes a list of memory objects, got {type(memory_objs).__name__}"
             )
-        objs = [o for o in memory_objs if o.get_memory_format() is not MemoryFormat.BINARY_BUFFER]
+        objs = [
+            o
+            for o in memory_objs
+            if _check_obj(o).get_memory_format() is not MemoryFormat.BINARY_BUFFER
+        ]
         with self.host_mem_lock:
             groups: dict[int, tuple[Any, list[MemoryObj]]] = {}
             for obj in objs:

@@ -19,6 +19,7 @@ __all__ = [
     "ViewsOutliveHandleError",
     "BatchSizeError",
     "CorruptEntryError",
+    "DeviceNotFoundError",
     "FeatureUnavailableError",
     "GroupIndexError",
     "HugePagesExhaustedError",
@@ -33,6 +34,7 @@ __all__ = [
     "PoolClosedError",
     "RefCountError",
     "RemoteStoreError",
+    "RequestTooLargeError",
     "SharedMemoryExistsError",
     "SharedMemoryNotFoundError",
     "StoreConnectionError",
@@ -124,6 +126,16 @@ class MemoryLimitError(OutOfMemoryError):
     """
 
 
+class RequestTooLargeError(InvalidArgumentError, MemoryError):
+    """A request is larger than the whole pool, so it can never be served.
+
+    Raised in strict mode only: otherwise the pool returns None as when it
+    is full (the reference's behaviour) and says so once, as a warning.
+    Also a ``MemoryError``, because that is what a caller of a full pool
+    expects.
+    """
+
+
 class AddressSpaceExhaustedError(KVPoolError, RuntimeError, MemoryError):
     """An AddressManager has no free range large enough.
 
@@ -146,6 +158,10 @@ class SharedMemoryExistsError(KVPoolError, FileExistsError):
 
 class SharedMemoryNotFoundError(KVPoolError, FileNotFoundError):
     """No POSIX shared-memory segment of that name exists."""
+
+
+class DeviceNotFoundError(KVPoolError, FileNotFoundError):
+    """A device or file named by its path (a Device-DAX device...) does not exist."""
 
 
 class FeatureUnavailableError(KVPoolError, OSError):

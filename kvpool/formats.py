@@ -2,17 +2,43 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from enum import Enum
 
 import torch
 
-from kvpool.errors import InvalidArgumentError
+from kvpool.checks import TypedEnumLookup
+from kvpool.errors import ArgumentTypeError, InvalidArgumentError
 
-__all__ = ["MemoryFormat", "get_size_bytes", "normalize_layout"]
+__all__ = [
+    "MAX_LAYOUT_BYTES",
+    "MemoryFormat",
+    "format_hint",
+    "get_size_bytes",
+    "layout_bytes",
+    "normalize_layout",
+]
+
+#: The most bytes a layout may describe: what an int64 (torch's sizes, the
+#: store headers) can count.  Larger layouts are refused, not wrapped.
+MAX_LAYOUT_BYTES = (1 << 63) - 1
 
 
-class MemoryFormat(Enum):
+def format_hint(value: object) -> str:
+    """A fix for a format given by name: ``"; use MemoryFormat.X"`` ('' if none applies)."""
+    if isinstance(value, str):
+        name = value.removeprefix("MemoryFormat.").upper()
+        if name in MemoryFormat.__members__:
+            return (
+                f"; {value!r} is a str: pass the member MemoryFormat.{name} "
+                f"(or MemoryFormat[{name!r}])"
+            )
+        return f"; {value!r} is a str: pass a MemoryFormat member, e.g. MemoryFormat.KV_2LTD"
+    return ""
+
+
+class MemoryFormat(Enum, metaclass=TypedEnumLookup):
     """The logical layout of the bytes of a memory object.
 
     Members (``num_tokens`` is abbreviated T, ``num_layers`` L and the
@@ -48,6 +74,10 @@ class MemoryFormat(Enum):
         """Index of the token dimension in this format's shape (0 if none)."""
         return _TOKEN_DIM.get(self, 0)
 
+    @staticmethod
+    def _lookup_hint(value: object) -> str:
+        return format_hint(value)
+
 
 _TOKEN_DIM = {
     MemoryFormat.KV_2LTD: 2,
@@ -64,11 +94,14 @@ def get_size_bytes(shapes: Sequence[torch.Size], dtypes: Sequence[torch.dtype]) 
         dtypes: one dtype per group, same length as ``shapes``.
 
     Returns:
-        ``sum(numel(shape) * itemsize(dtype))``.
+        ``sum(numel(shape) * itemsize(dtype))``, computed exactly (a shape
+        whose element count overflows torch's int64 ``numel`` is not
+        wrapped around).
 
     Raises:
-        InvalidArgumentError: the lists differ in length, or an entry is
-            not a shape / dtype.
+        InvalidArgumentError: the lists differ in length, an entry is not a
+            shape / dtype, a dimension is negative, or the total exceeds
+            :data:`MAX_LAYOUT_BYTES`.
     """
     for what, value in (("shapes", shapes), ("dtypes", dtypes)):
         if not isinstance(value, (list, tuple)):
@@ -82,10 +115,34 @@ def get_size_bytes(shapes: Sequence[torch.Size], dtypes: Sequence[torch.dtype]) 
         )
     total = 0
     for shape, dtype in zip(shapes, dtypes, strict=True):
-        if not isinstance(dtype, torch.dtype):
-            raise InvalidArgumentError(f"expected a torch.dtype, got {dtype!r}")
-        total += _as_shape(shape).numel() * dtype.itemsize
+        total += layout_bytes(_as_shape(shape), dtype)
+    if total > MAX_LAYOUT_BYTES:
+        raise InvalidArgumentError(
+            f"the layout {[tuple(s) for s in shapes]} needs {total} bytes, more than "
+            f"{MAX_LAYOUT_BYTES} (the int64 limit); no pool can hold it"
+        )
     return total
+
+
+def layout_bytes(shape: torch.Size, dtype: object) -> int:
+    """Exact bytes of one tensor of ``shape`` and ``dtype`` (Python ints: no wrap-around).
+
+    Raises:
+        InvalidArgumentError: ``dtype`` is not a torch dtype, a dimension is
+            negative, or the bytes exceed :data:`MAX_LAYOUT_BYTES`.
+    """
+    if not isinstance(dtype, torch.dtype):
+        raise ArgumentTypeError(f"expected a torch.dtype, got {type(dtype).__name__} {dtype!r}")
+    for d in shape:
+        if d < 0:
+            raise InvalidArgumentError(f"shape {tuple(shape)} has a negative dimension")
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes > MAX_LAYOUT_BYTES:
+        raise InvalidArgumentError(
+            f"shape {tuple(shape)} of {dtype} needs {nbytes} bytes, more than "
+            f"{MAX_LAYOUT_BYTES} (the int64 limit); no pool can hold it"
+        )
+    return nbytes
 
 
 def _as_shape(shape: object) -> torch.Size:
@@ -94,10 +151,11 @@ def _as_shape(shape: object) -> torch.Size:
     if isinstance(shape, (tuple, list)) and all(
         isinstance(d, int) and not isinstance(d, bool) for d in shape
     ):
-        return torch.Size(shape)
-    raise InvalidArgumentError(
-        f"expected a torch.Size (or a tuple of ints) as a shape, got {shape!r}"
-    )
+        try:
+            return torch.Size(shape)
+        except (RuntimeError, TypeError, ValueError, OverflowError) as exc:
+            raise InvalidArgumentError(f"{shape!r} is not a valid shape: {exc}") from None
+    raise ArgumentTypeError(f"expected a torch.Size (or a tuple of ints) as a shape, got {shape!r}")
 
 
 def normalize_layout(
@@ -134,7 +192,4 @@ def normalize_layout(
         raise InvalidArgumentError(
             f"dtypes must be a torch.dtype or a non-empty list of them, got {dtypes!r}"
         )
-    for shape in shape_list:
-        if any(d < 0 for d in shape):
-            raise InvalidArgumentError(f"shape {tuple(shape)} has a negative dimension")
     return shape_list, dtype_list, get_size_bytes(shape_list, dtype_list)

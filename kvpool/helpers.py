@@ -29,8 +29,10 @@ from typing import Any, TypeVar
 
 import torch
 
-from kvpool.checks import check_int, check_power_of_two, check_size
-from kvpool.errors import InvalidArgumentError, InvalidHandleError
+from kvpool.checks import check_bool, check_int, check_optional_str, check_power_of_two, check_size
+from kvpool.errors import ArgumentTypeError, InvalidArgumentError, InvalidHandleError
+from kvpool.formats import MAX_LAYOUT_BYTES
+from kvpool.pool.backing import torch_allocation_error
 
 __all__ = [
     "UBYTE_TYPE_CACHE_SIZE",
@@ -85,8 +87,8 @@ def align_to(size: int, align_size: int) -> int:
     Raises:
         InvalidArgumentError: ``size`` < 0 or ``align_size`` not a power of two.
     """
-    check_int("size", size, low=0)
-    check_power_of_two("align_size", align_size)
+    size = check_int("size", size, low=0)
+    align_size = check_power_of_two("align_size", align_size)
     return (size + align_size - 1) & ~(align_size - 1)
 
 
@@ -129,9 +131,10 @@ def _get_cached_ubyte_array_type(num_bytes: int) -> type[ctypes.Array[ctypes.c_u
     type at all (it slices a memoryview).
 
     Raises:
-        InvalidArgumentError: ``num_bytes`` is not an int >= 0.
+        InvalidArgumentError: ``num_bytes`` is not an int in ``[0, 2**63 - 1]``
+            (what a ctypes array can count).
     """
-    return _cached_array_type(check_int("num_bytes", num_bytes, low=0))
+    return _cached_array_type(check_int("num_bytes", num_bytes, low=0, high=MAX_LAYOUT_BYTES))
 
 
 # -- pinned alloc/free pairs -------------------------------------------
@@ -161,6 +164,7 @@ def _alloc_pinned(
 
 
 def _free_pinned(ptr: int, *_ignored: Any) -> None:
+    ptr = check_int("ptr", ptr, low=0)
     with _buffers_lock:
         buffer = _buffers.pop(ptr, None)
     if buffer is None:
@@ -218,18 +222,20 @@ def _resolve_pinned_alloc_free(
         use_hugepages: require 2 MiB hugepages.
 
     Raises:
-        InvalidArgumentError: hugepages with shared memory.
+        InvalidArgumentError: hugepages with shared memory, or a flag or
+            name of the wrong type.
         KeyError: the current GPU is not in ``numa_mapping``.
     """
+    use_hugepages = check_bool("use_hugepages", use_hugepages)
     hugepages = "required" if use_hugepages else "never"
-    if shm_name:
+    if check_optional_str("shm_name", shm_name):
         if use_hugepages:
             raise InvalidArgumentError(
                 "hugepages are not supported with shared memory (shm_name); "
                 "drop use_hugepages or shm_name"
             )
         return PinnedAllocFree(_alloc_pinned, (size, None, "never", shm_name), _free_pinned, ())
-    if numa_mapping:
+    if numa_mapping is not None:
         node = get_numa_id(numa_mapping)
         return PinnedAllocFree(_alloc_pinned, (size, node, hugepages), _free_pinned, ())
     return PinnedAllocFree(_alloc_pinned, (size, None, hugepages), _free_pinned, ())
@@ -243,10 +249,17 @@ def _allocate_gpu_memory(size: int, device: str) -> tuple[torch.Tensor, torch.Te
         is used (``aligned`` is a view of it).
 
     Raises:
-        InvalidArgumentError: ``size`` is not an int >= 0.
+        InvalidArgumentError: ``size`` is not an int >= 0, or a bad device.
+        OutOfMemoryError: the device has no room.
+        FeatureUnavailableError: torch cannot allocate on that device.
     """
-    check_int("size", size, low=0)
+    size = check_int("size", size, low=0, high=MAX_LAYOUT_BYTES)
+    if not isinstance(device, (str, torch.device)):
+        raise ArgumentTypeError(f"device must be a str or torch.device, got {device!r}")
     page = os.sysconf("SC_PAGESIZE")
-    base = torch.empty(size + page, dtype=torch.uint8, device=device)
+    try:
+        base = torch.empty(size + page, dtype=torch.uint8, device=device)
+    except (RuntimeError, TypeError, ValueError, AssertionError) as exc:  # torch: no CUDA
+        raise torch_allocation_error(exc, size, device) from exc
     offset = -base.data_ptr() % page
     return base, base[offset : offset + size]

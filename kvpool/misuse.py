@@ -18,6 +18,8 @@ from __future__ import annotations
 import logging
 import os
 
+from kvpool.checks import check_bool
+
 __all__ = ["STRICT_ENV", "set_strict_mode", "strict_mode"]
 
 #: Environment variable that switches strict mode on at import time.
@@ -41,10 +43,14 @@ def set_strict_mode(enabled: bool) -> bool:
 
     Returns:
         The previous setting, so callers can restore it.
+
+    Raises:
+        InvalidArgumentError: ``enabled`` is not a bool (numpy bools pass).
     """
     global _strict
+    enabled = check_bool("enabled", enabled)
     previous = _strict
-    _strict = bool(enabled)
+    _strict = enabled
     return previous
 
 

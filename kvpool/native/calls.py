@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import kvpool.errors as errors
-from kvpool.checks import check_choice, check_int, check_size
+from kvpool.checks import check_bool, check_choice, check_int, check_size
 from kvpool.native.loader import (
     COMMIT_PIN_MODES,
     ENV_LIBRARY,
@@ -258,7 +258,8 @@ def shm_attach(name: str, size: int = 0, *, pin: str = "auto", populate: bool = 
     nbytes = check_int("size", size, low=0, high=_SIZE_MAX)
     mode = check_choice("pin", pin, PIN_MODES)
     out = ffi.new("pinmem_region *")
-    check(lib.pinmem_shm_attach(raw, nbytes, mode, 1 if populate else 0, out), f"attach {name!r}")
+    fill = 1 if check_bool("populate", populate) else 0
+    check(lib.pinmem_shm_attach(raw, nbytes, mode, fill, out), f"attach {name!r}")
     return _region(out)
 
 
@@ -367,7 +368,7 @@ def commit(
     """
     start = check_int("offset", offset, low=0, high=_SIZE_MAX)
     nbytes = check_int("length", length, low=1, high=_SIZE_MAX)
-    if pin == "cuda-alloc":
+    if pin.__class__ is str and pin == "cuda-alloc":
         raise errors.InvalidArgumentError(
             "pin='cuda-alloc' cannot pin a range of an existing mapping; use 'cuda-register' "
             "(or 'auto')"

@@ -13,7 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvpool.errors import InvalidArgumentError, NumaNodeError
+from kvpool.checks import check_callable
+from kvpool.errors import ArgumentTypeError, InvalidArgumentError, NumaNodeError
 
 __all__ = ["NUMAMapping", "resolve_numa_node"]
 
@@ -78,9 +79,26 @@ class NUMAMapping:
             The mapping, or None when there are no GPUs or sysfs does not
             say (a ``numa_node`` of -1 means "no affinity").
         """
+        check_callable("devices", devices)
+        try:
+            root = Path(pci_root)
+        except TypeError:
+            raise ArgumentTypeError(
+                f"pci_root must be a path, got {type(pci_root).__name__}"
+            ) from None
+        try:
+            buses = devices()
+        except TypeError as exc:  # not callable without arguments
+            raise ArgumentTypeError(f"devices() must take no arguments: {exc}") from None
+        if not isinstance(buses, (list, tuple)):
+            raise ArgumentTypeError(
+                f"devices() must return a list of PCI bus ids, got {type(buses).__name__}"
+            )
         mapping = {}
-        for index, bus in enumerate(devices()):
-            path = Path(pci_root) / bus / "numa_node"
+        for index, bus in enumerate(buses):
+            if not isinstance(bus, str):
+                raise ArgumentTypeError(f"devices() must return PCI bus ids (str), got {bus!r}")
+            path = root / bus / "numa_node"
             try:
                 node = int(path.read_text().strip())
             except (OSError, ValueError):

@@ -61,9 +61,11 @@ class HostSpec:
     threads: int | None = None
 
     def __post_init__(self) -> None:
-        check_size("size", self.size, high=_SIZE_MAX)
+        # Plain ints from here on (a numpy integer would overflow in arithmetic).
+        object.__setattr__(self, "size", check_size("size", self.size, high=_SIZE_MAX))
         check_choice("pin", self.pin, dict.fromkeys(PIN_CHOICES))
-        check_optional_int("numa_node", self.numa_node, low=0, high=(1 << 31) - 1)
+        node = check_optional_int("numa_node", self.numa_node, low=0, high=(1 << 31) - 1)
+        object.__setattr__(self, "numa_node", node)
         check_choice("hugepages", self.hugepages, dict.fromkeys(HUGEPAGE_CHOICES))
         if self.shm_name is not None and not isinstance(self.shm_name, str):
             raise ArgumentTypeError(
@@ -72,7 +74,9 @@ class HostSpec:
         for flag in ("shm_reuse", "shm_unlink_on_close", "populate"):
             object.__setattr__(self, flag, check_bool(flag, getattr(self, flag)))
         if self.threads is not None:
-            check_int("threads", self.threads, low=1, high=1024)
+            object.__setattr__(
+                self, "threads", check_int("threads", self.threads, low=1, high=1024)
+            )
 
     def replace(self, **changes: Any) -> HostSpec:
         """A copy with some fields changed (validated again)."""

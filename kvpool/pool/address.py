@@ -93,11 +93,9 @@ class AddressManager:
     def __init__(
         self, size: int, align_bytes: int = ALIGN_BYTES, *, max_size: int | None = None
     ) -> None:
-        check_int("size", size, low=0, fix="the size of the address space in bytes")
-        check_power_of_two(
-            "align_bytes", align_bytes, fix="use a positive power of two such as 4096"
-        )
-        check_optional_int("max_size", max_size, low=size, fix="max_size bounds sbrk growth")
+        size = check_int("size", size, low=0, fix="the size of the address space in bytes")
+        align_bytes = check_power_of_two("align_bytes", align_bytes, fix="a power of two: 4096...")
+        max_size = check_optional_int("max_size", max_size, low=size, fix="it bounds sbrk")
         self._size = size
         self._max_size = max_size
         self._align = align_bytes

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvpool.errors import InvalidArgumentError
+from kvpool.errors import ArgumentTypeError, InvalidArgumentError
 
 __all__ = ["Arena", "arena_from_tensor"]
 
@@ -49,16 +49,23 @@ def arena_from_tensor(tensor: torch.Tensor, view: memoryview | None = None) -> A
             does not match the tensor's size.
     """
     if not isinstance(tensor, torch.Tensor):
-        raise InvalidArgumentError(
+        raise ArgumentTypeError(
             f"expected a torch.Tensor as the memory pool, got {type(tensor).__name__}"
+        )
+    if tensor.layout is not torch.strided:
+        raise InvalidArgumentError(
+            f"the pool tensor must be a dense tensor, got a {tensor.layout} tensor; pass e.g. "
+            "torch.empty(nbytes, dtype=torch.uint8)"
         )
     if not tensor.is_contiguous():
         raise InvalidArgumentError(
             "the pool tensor must be contiguous (a non-contiguous tensor would be copied, "
             "and the pool would not use your memory); pass tensor.contiguous() or a fresh buffer"
         )
-    buffer = tensor.view(torch.uint8).reshape(-1) if tensor.dtype != torch.uint8 else tensor
-    buffer = buffer.reshape(-1)
+    # Flattened first: a 0-d tensor of a wider dtype cannot be viewed as bytes.
+    buffer = tensor.reshape(-1)
+    if buffer.dtype != torch.uint8:
+        buffer = buffer.view(torch.uint8)
     if view is None and buffer.device.type == "cpu":
         view = memoryview(buffer.numpy())
     if view is not None and (view.format != "B" or view.ndim != 1 or view.nbytes != buffer.numel()):

@@ -26,6 +26,7 @@ from kvpool.errors import (
     InvalidArgumentError,
     OutOfMemoryError,
 )
+from kvpool.formats import MAX_LAYOUT_BYTES
 from kvpool.native.spec import HostSpec
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "HostBacking",
     "TorchBacking",
     "default_hugepages",
+    "torch_allocation_error",
 ]
 
 _EMPTY = torch.empty(0, dtype=torch.uint8)
@@ -118,14 +120,19 @@ class HostBacking(Backing):
         self._init_views()
 
     @classmethod
-    def attach(cls, name: str, size: int | None = None) -> HostBacking:
+    def attach(cls, name: str, size: int | None = None, *, pin: str = "auto") -> HostBacking:
         """Map a shared-memory segment another process created.
+
+        Args:
+            name: the segment's name.
+            size: bytes to map (None: the whole segment).
+            pin: how to pin the mapping here (see :func:`kvpool.native.buffer.attach_shm`).
 
         Raises:
             SharedMemoryNotFoundError: no segment of that name.
         """
         self = cls.__new__(cls)
-        self.buffer = host.attach_shm(name, size)
+        self.buffer = host.attach_shm(name, size, pin=pin)
         self._init_views()
         return self
 
@@ -163,6 +170,20 @@ class DeviceOutOfMemoryError(OutOfMemoryError):
     """A device (GPU) has not enough free memory for a pool."""
 
 
+def torch_allocation_error(exc: BaseException, size: int, device: object) -> Exception:
+    """kvpool's error for torch's refusal to allocate ``size`` bytes on ``device``.
+
+    An unknown device or backend is a :class:`FeatureUnavailableError`; out
+    of device (or host) memory a :class:`DeviceOutOfMemoryError`.
+    """
+    text = str(exc).lower()
+    if "out of memory" in text or "can't allocate memory" in text:
+        return DeviceOutOfMemoryError(
+            f"{size} bytes on {device!r}: the device is out of memory ({exc})"
+        )
+    return FeatureUnavailableError(f"cannot allocate {size} bytes on device {device!r}: {exc}")
+
+
 class TorchBacking(Backing):
     """``torch.empty`` memory on a device.
 
@@ -175,19 +196,11 @@ class TorchBacking(Backing):
     """
 
     def __init__(self, size: int, device: str | torch.device = "cpu") -> None:
-        check_size("size", size)
+        size = check_size("size", size, high=MAX_LAYOUT_BYTES)
         try:
             self.tensor = torch.empty(size, dtype=torch.uint8, device=device)
-        except (RuntimeError, TypeError, ValueError) as exc:
-            # torch's own errors (an unknown device, no such backend, out of
-            # device memory) become kvpool's, naming what was asked for.
-            if "out of memory" in str(exc).lower():
-                raise DeviceOutOfMemoryError(
-                    f"{size} bytes on {device!r}: the device is out of memory ({exc})"
-                ) from exc
-            raise FeatureUnavailableError(
-                f"cannot allocate {size} bytes on device {device!r}: {exc}"
-            ) from exc
+        except (RuntimeError, TypeError, ValueError, AssertionError) as exc:  # torch: no CUDA
+            raise torch_allocation_error(exc, size, device) from exc
         host = self.tensor.device.type == "cpu"
         self.view: memoryview | None = memoryview(self.tensor.numpy()) if host else None
         self.size = size

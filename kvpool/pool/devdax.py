@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from kvpool.checks import check_size
-from kvpool.errors import InvalidArgumentError
+from kvpool.errors import DeviceNotFoundError, InvalidArgumentError, NativeError
 from kvpool.pool.backing import Backing
 
 __all__ = ["DevDaxBacking", "check_device_path", "device_identity"]
@@ -42,9 +42,10 @@ def check_device_path(device_path: object) -> str:
     Raises:
         InvalidArgumentError: anything else.
     """
-    if not isinstance(device_path, str) or not device_path:
+    if not isinstance(device_path, str) or not device_path or "\x00" in device_path:
         raise InvalidArgumentError(
-            f"device_path must be a non-empty path such as /dev/dax0.0, got {device_path!r}"
+            f"device_path must be a non-empty path such as /dev/dax0.0 (no NUL byte), got "
+            f"{device_path!r}"
         )
     return device_path
 
@@ -58,7 +59,7 @@ def device_identity(source: str | int) -> tuple[bool, int, int] | None:
     """
     try:
         info = os.fstat(source) if isinstance(source, int) else os.stat(source)
-    except (OSError, ValueError, TypeError):
+    except (OSError, ValueError, TypeError, OverflowError):
         return None
     if stat.S_ISCHR(info.st_mode):
         return True, info.st_rdev, 0
@@ -114,7 +115,11 @@ class DevDaxBacking(Backing):
         self.size = check_size("size", size)
         self._closed = False
         self._registered = False
-        fd = os.open(device_path, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            fd = os.open(device_path, os.O_RDWR | os.O_CLOEXEC)
+        except OSError as exc:
+            error = DeviceNotFoundError if isinstance(exc, FileNotFoundError) else NativeError
+            raise error(exc.errno, f"cannot open {device_path!r}: {exc.strerror}") from None
         try:
             info = os.fstat(fd)
             if not (stat.S_ISCHR(info.st_mode) or stat.S_ISREG(info.st_mode)):
@@ -128,9 +133,14 @@ class DevDaxBacking(Backing):
                     "ask for less (or grow the file with truncate -s)"
                 )
             self.identity = device_identity(fd)
-            self._mmap: mmap.mmap | None = mmap.mmap(
-                fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE
-            )
+            try:
+                self._mmap: mmap.mmap | None = mmap.mmap(
+                    fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE
+                )
+            except (OSError, ValueError, OverflowError) as exc:
+                raise NativeError(
+                    getattr(exc, "errno", None), f"cannot map {size} bytes of {device_path}: {exc}"
+                ) from None
         except BaseException:
             os.close(fd)
             raise

@@ -12,6 +12,7 @@ under any interleaving.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -38,13 +39,19 @@ __all__ = ["TensorMemoryAllocator"]
 
 _Size = torch.Size
 _dtype = torch.dtype
+_prod = math.prod
 _TMO = TensorMemoryObj
 
 
 def _layout(shapes: Any, dtypes: Any) -> tuple[list[torch.Size], list[torch.dtype], int]:
-    """Validate a request's layout; returns (shapes, dtypes, bytes > 0)."""
+    """Validate a request's layout; returns (shapes, dtypes, bytes > 0).
+
+    The bytes are exact (Python ints, not torch's wrapping int64 ``numel``),
+    possibly beyond any pool: the placement then fails, and
+    :meth:`PlacementPolicy._refuse_too_large_locked` says why.
+    """
     if shapes.__class__ is _Size and dtypes.__class__ is _dtype:
-        nbytes = shapes.numel() * dtypes.itemsize
+        nbytes = _prod(shapes) * dtypes.itemsize
         if nbytes > 0:  # the common case: one group, checked inline
             return [shapes], [dtypes], nbytes
     shape_list, dtype_list, nbytes = normalize_layout(shapes, dtypes)
@@ -173,6 +180,7 @@ class TensorMemoryAllocator(PlacementPolicy):
                 self._check_open("allocate")
             placed = self._retry_after_drain_locked(self._am_allocate, nbytes)
             if placed is None:
+                self._refuse_too_large_locked(nbytes, self._arena_size, "allocate")
                 return None
             addr, phy = placed
             meta = MemoryObjMetadata(
@@ -224,6 +232,11 @@ class TensorMemoryAllocator(PlacementPolicy):
                 self.address_manager.batched_allocate_locked, nbytes, batch_size
             )
             if ranges is None:
+                self._refuse_too_large_locked(
+                    self.address_manager.compute_aligned_size(nbytes) * batch_size,
+                    self._arena_size,
+                    f"batched_allocate of {batch_size} objects",
+                )
                 return None
             if self._usage is not None:
                 self._report_usage_locked()

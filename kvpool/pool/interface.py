@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kvpool.checks import check_int
 from kvpool.errors import FeatureUnavailableError
 from kvpool.formats import MemoryFormat, normalize_layout
 from kvpool.pool.objects import MemoryObj
@@ -51,7 +52,22 @@ class PoolStats:
     def build(
         total: int, used: int, active: int, pinned: int, largest: int, held_by_views: int = 0
     ) -> PoolStats:
-        """Fill in the derived fields."""
+        """Fill in the derived fields.
+
+        Raises:
+            InvalidArgumentError: a figure that is not an int >= 0.
+        """
+        total, used, active, pinned, largest, held_by_views = (
+            check_int(name, value, low=0)
+            for name, value in (
+                ("total", total),
+                ("used", used),
+                ("active", active),
+                ("pinned", pinned),
+                ("largest", largest),
+                ("held_by_views", held_by_views),
+            )
+        )
         free = total - used
         frag = 1.0 - largest / free if free > 0 else 0.0
         return PoolStats(total, used, free, active, pinned, largest, max(0.0, frag), held_by_views)

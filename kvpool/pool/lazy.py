@@ -48,7 +48,7 @@ import torch
 
 import kvpool.native.calls as _native
 import kvpool.native.limits as limits
-from kvpool.checks import check_bool, check_int, check_keywords, check_size
+from kvpool.checks import check_bool, check_int, check_keywords, check_seconds, check_size
 from kvpool.errors import MemoryLimitError
 from kvpool.formats import MemoryFormat
 from kvpool.native.numa import resolve_numa_node
@@ -129,12 +129,16 @@ class LazyMemoryAllocator(MemoryPool):
             total = tightest.limit if tightest is not None else _native.probe()["mem_total"]
             keep_free = min(2 << 30, total // 10)
         self._keep_free = check_int("keep_free", keep_free, low=0)
+        # The checkers return plain ints (numpy integers would overflow below).
         size = check_size("final_size", final_size)
         if step_size is None:
             step_size = self.COMMIT_SIZE
-        check_size("step_size", step_size)
-        check_align_bytes(align_bytes)
-        check_int("init_size", init_size, low=1, high=size, fix="0 < init_size <= final_size")
+        step_size = check_size("step_size", step_size)
+        align_bytes = check_align_bytes(align_bytes)
+        start = check_bool("start", start)
+        init_size = check_int(
+            "init_size", init_size, low=1, high=size, fix="0 < init_size <= final_size"
+        )
         # Reserved, not populated: the growth commits (populates and pins) it.
         spec = HostSpec(
             size,
@@ -303,11 +307,18 @@ class LazyMemoryAllocator(MemoryPool):
             (:attr:`stopped_by` says which; the pool stays usable at
             ``usable_bytes``, and a warning was logged).
 
+        Args:
+            timeout: seconds to wait at most (a finite number >= 0; 0 does
+                not wait), or None to wait for the growth to end.
+
         Raises:
+            InvalidArgumentError: a bad timeout.
             the error that stopped the growth, if one other than a memory
             limit did.
         """
-        finished = self._done.wait(timeout)
+        finished = self._done.wait(
+            check_seconds("timeout", timeout, allow_none=True, allow_zero=True)
+        )
         if self._error is not None:
             raise self._error
         return finished and self._committed >= self._target

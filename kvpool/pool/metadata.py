@@ -3,22 +3,45 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from kvpool.errors import InvalidArgumentError
-from kvpool.formats import MemoryFormat, get_size_bytes
+from kvpool.checks import check_int
+from kvpool.errors import ArgumentTypeError, InvalidArgumentError, KVPoolError
+from kvpool.formats import MemoryFormat, get_size_bytes, layout_bytes
 
 __all__ = ["MemoryObjMetadata", "check_prefix_sums"]
 
 
-def _dtype_from_str(text: str) -> torch.dtype:
+def _dtype_from_str(text: object) -> torch.dtype:
+    if not isinstance(text, str):
+        raise ArgumentTypeError(
+            f"a serialized dtype must be a str such as 'torch.float16', got {text!r}"
+        )
     value = getattr(torch, text.removeprefix("torch."), None)
     if not isinstance(value, torch.dtype):
         raise InvalidArgumentError(f"unknown torch dtype {text!r} in serialized metadata")
     return value
+
+
+def _items(value: object) -> list[Any]:
+    if not isinstance(value, (list, tuple)):
+        raise ArgumentTypeError(f"expected a list in serialized metadata, got {value!r}")
+    return list(value)
+
+
+def _shape(value: object) -> torch.Size:
+    """A serialized shape (a list of ints >= 0) as a ``torch.Size``."""
+    dims = [check_int("a shape dimension", d, low=0) for d in _items(value)]
+    return torch.Size(dims)
+
+
+def _brief(d: Mapping[str, Any]) -> str:
+    text = repr(dict(d))
+    return text if len(text) <= 200 else text[:200] + "...}"
 
 
 @dataclass(slots=True)
@@ -74,27 +97,40 @@ class MemoryObjMetadata:
         """Rebuild metadata serialized by :meth:`to_dict`.
 
         Raises:
-            InvalidArgumentError: a key is missing or a value is malformed.
+            InvalidArgumentError: ``d`` is not a mapping, a key is missing or
+                a value is malformed (``ArgumentTypeError`` for a wrong type).
         """
+        if not isinstance(d, Mapping):
+            raise ArgumentTypeError(
+                f"serialized metadata must be a dict (from to_dict()), got {type(d).__name__}"
+            )
         try:
-            dtype = _dtype_from_str(d["dtype"]) if d["dtype"] else None
-            shapes = [torch.Size(s) for s in d["shapes"]] if d.get("shapes") else None
-            dtypes = [_dtype_from_str(s) for s in d["dtypes"]] if d.get("dtypes") else None
-            return MemoryObjMetadata(
-                shape=torch.Size(d["shape"]),
+            dtype = _dtype_from_str(d["dtype"]) if d["dtype"] is not None else None
+            raw_shapes = d.get("shapes")
+            raw_dtypes = d.get("dtypes")
+            shapes = [_shape(s) for s in _items(raw_shapes)] if raw_shapes is not None else None
+            dtypes = [_dtype_from_str(s) for s in _items(raw_dtypes)] if raw_dtypes else None
+            meta = MemoryObjMetadata(
+                shape=_shape(d["shape"]),
                 dtype=dtype,
-                address=int(d["address"]),
-                phy_size=int(d["phy_size"]),
-                ref_count=int(d["ref_count"]),
-                pin_count=int(d.get("pin_count", 0)),
+                address=check_int("address", d["address"], low=0),
+                phy_size=check_int("phy_size", d["phy_size"], low=0),
+                ref_count=check_int("ref_count", d["ref_count"]),
+                pin_count=check_int("pin_count", d.get("pin_count", 0)),
                 fmt=MemoryFormat(d["fmt"]),
-                shapes=shapes,
+                shapes=shapes or None,
                 dtypes=dtypes,
             )
-        except (KeyError, TypeError, ValueError) as exc:
-            if isinstance(exc, InvalidArgumentError):
-                raise
-            raise InvalidArgumentError(f"malformed serialized metadata {d!r}: {exc}") from None
+            if dtype is not None:  # the layout is sane (sizes within int64)
+                layout_bytes(meta.shape, dtype)
+                meta.get_size()
+            return meta
+        except KVPoolError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError, RuntimeError) as exc:
+            raise InvalidArgumentError(
+                f"malformed serialized metadata {_brief(d)}: {type(exc).__name__}: {exc}"
+            ) from None
 
     def get_size(self) -> int:
         """Bytes of the logical layout (all groups).
@@ -106,7 +142,7 @@ class MemoryObjMetadata:
             return get_size_bytes(self.shapes, self.dtypes)
         if self.dtype is None:
             raise InvalidArgumentError("metadata has no dtype, so it has no byte size")
-        return self.shape.numel() * self.dtype.itemsize
+        return layout_bytes(self.shape, self.dtype)
 
 
 def check_prefix_sums(value: object, limit: int) -> list[int]:

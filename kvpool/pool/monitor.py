@@ -17,13 +17,14 @@ lock, after every allocation and free.
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
+
+from kvpool.checks import check_bool, check_callable, check_seconds
 
 __all__ = [
     "PinMonitor",
@@ -94,11 +95,11 @@ class PinMonitor:
         self._reported: set[int] = set()
         self._thread: threading.Thread | None = None
         self._stopping = False
-        self.timeout = timeout
-        self.interval = interval
-        self.force_unpin = force_unpin
-        self.on_timeout = on_timeout
-        self.enabled = enabled
+        self.timeout: float = check_seconds("timeout", timeout)  # type: ignore[assignment]
+        self.interval: float = check_seconds("interval", interval)  # type: ignore[assignment]
+        self.force_unpin = check_bool("force_unpin", force_unpin)
+        self.on_timeout = check_callable("on_timeout", on_timeout, allow_none=True)
+        self.enabled = check_bool("enabled", enabled)
         self._listeners: tuple[Any, ...] = ()
 
     @classmethod
@@ -140,29 +141,28 @@ class PinMonitor:
         """Change the settings (only the arguments given).
 
         Raises:
-            ValueError: a timeout or interval that is not a positive number.
+            InvalidArgumentError: a timeout or interval that is not a finite
+                positive number of seconds, a flag that is not a bool, or an
+                ``on_timeout`` that cannot be called (all ``ValueError``).
         """
-        for name, value in (("timeout", timeout), ("interval", interval)):
-            if value is not None and (
-                isinstance(value, bool)
-                or not isinstance(value, (int, float))
-                or not math.isfinite(value)
-                or value <= 0
-            ):
-                raise ValueError(
-                    f"{name} must be a finite positive number of seconds, got {value!r}"
-                )
+        timeout = check_seconds("timeout", timeout, allow_none=True)
+        interval = check_seconds("interval", interval, allow_none=True)
+        if force_unpin is not None:
+            force_unpin = check_bool("force_unpin", force_unpin)
+        if enabled is not None:
+            enabled = check_bool("enabled", enabled)
+        check_callable("on_timeout", on_timeout, allow_none=True)
         with self._cond:
             if timeout is not None:
-                self.timeout = float(timeout)
+                self.timeout = timeout
             if interval is not None:
-                self.interval = float(interval)
+                self.interval = interval
             if force_unpin is not None:
-                self.force_unpin = bool(force_unpin)
+                self.force_unpin = force_unpin
             if on_timeout is not None:
                 self.on_timeout = on_timeout
             if enabled is not None:
-                self.enabled = bool(enabled)
+                self.enabled = enabled
             self._cond.notify_all()
         self._ensure_thread()
 
@@ -252,8 +252,14 @@ class PinMonitor:
         return self.pinned_count()
 
     def overdue(self, timeout: float | None = None) -> list[PinnedReport]:
-        """Objects pinned for longer than ``timeout`` (default: the configured one)."""
-        limit = self.timeout if timeout is None else timeout
+        """Objects pinned for longer than ``timeout`` (default: the configured one).
+
+        Raises:
+            InvalidArgumentError: ``timeout`` is not a finite number of seconds >= 0.
+        """
+        limit = (
+            self.timeout if timeout is None else check_seconds("timeout", timeout, allow_zero=True)
+        )
         now = time.monotonic()
         with self._cond:
             entries = list(self._pinned.values())
@@ -336,7 +342,12 @@ class PinMonitor:
         """Stop the background thread and wait for it (pins stay recorded).
 
         The thread starts again with the next pin.
+
+        Raises:
+            InvalidArgumentError: ``timeout`` is not None or a finite number
+                of seconds > 0.
         """
+        timeout = check_seconds("timeout", timeout, allow_none=True)
         with self._cond:
             thread = self._thread
             self._stopping = True

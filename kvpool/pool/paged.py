@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from kvpool.checks import check_batch_size
-from kvpool.errors import InvalidArgumentError
+from kvpool.errors import ArgumentTypeError, InvalidArgumentError
 from kvpool.formats import MemoryFormat, normalize_layout
 from kvpool.pool.arena import arena_from_tensor
 from kvpool.pool.handle import TensorMemoryObj, new_pooled_handle
@@ -73,6 +73,11 @@ class PagedAddressManager:
     """
 
     def __init__(self, paged_allocator: PagedTensorMemoryAllocator) -> None:
+        if not isinstance(paged_allocator, PagedTensorMemoryAllocator):
+            raise ArgumentTypeError(
+                f"PagedAddressManager describes a PagedTensorMemoryAllocator, got "
+                f"{type(paged_allocator).__name__}"
+            )
         self._allocator = paged_allocator
 
     def get_heap_size(self) -> int:
@@ -119,6 +124,12 @@ class PagedTensorMemoryAllocator(PlacementPolicy):
         check_format(fmt)
         if page <= 0:
             raise InvalidArgumentError(f"the page layout {shape_list} has 0 bytes")
+        if arena.size < page:
+            raise InvalidArgumentError(
+                f"the buffer ({arena.size} bytes) is smaller than one page of {page} bytes "
+                f"(the layout {[tuple(s) for s in shape_list]}); use at least {page} bytes, "
+                f"a multiple of {page}"
+            )
         if arena.size % page:
             raise InvalidArgumentError(
                 f"the buffer ({arena.size} bytes) must be a whole number of pages of "
@@ -376,6 +387,11 @@ class PagedTensorMemoryAllocator(PlacementPolicy):
             if self._free_count() < batch_size:
                 self._drain_dropped_locked()
                 if self._free_count() < batch_size:
+                    self._refuse_too_large_locked(
+                        batch_size * self.align_bytes,
+                        self.buffer_size,
+                        f"batched_allocate of {batch_size} pages",
+                    )
                     return None
             out = self._take(batch_size)
             if self._usage is not None:

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import abc
 import logging
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from kvpool.errors import InvalidArgumentError, RefCountError
+from kvpool.errors import (
+    ArgumentTypeError,
+    FeatureUnavailableError,
+    InvalidArgumentError,
+    RefCountError,
+)
 from kvpool.formats import MemoryFormat
 from kvpool.misuse import report
 from kvpool.pool.metadata import MemoryObjMetadata
@@ -17,7 +23,7 @@ from kvpool.pool.objects import MemoryObj
 if TYPE_CHECKING:
     from kvpool.pool.interface import MemoryAllocatorInterface
 
-__all__ = ["BytesBufferMemoryObj", "GDSMemoryObject"]
+__all__ = ["GDS_UNSUPPORTED", "BytesBufferMemoryObj", "GDSMemoryObject"]
 
 logger = logging.getLogger("kvpool")
 
@@ -168,26 +174,28 @@ class BytesBufferMemoryObj(MemoryObj):
         return f"<BytesBufferMemoryObj {len(self.raw_data)} bytes>"
 
 
-def _gds_unsupported(what: str) -> NotImplementedError:
-    return NotImplementedError(
-        f"GDSMemoryObject.{what} is not supported: the bytes live in the GDS slab file, "
-        "only (slab offset, size) is tracked"
-    )
-
-
 class GDSMemoryObject(MemoryObj):
     """A placeholder object for a chunk stored in a GPUDirect-Storage slab file.
 
     Only ``(offset, size)`` in the slab is tracked (``meta.address`` and
-    ``meta.phy_size``); ``tensor`` is always None and the byte views,
-    counting and pinning raise ``NotImplementedError``.
+    ``meta.phy_size``), with the shape, dtype and format of the metadata.
+    ``tensor``, ``raw_tensor`` and ``get_tensor`` are always None; the byte
+    views, the token count, counting and pinning raise
+    :class:`~kvpool.errors.FeatureUnavailableError` (see
+    :data:`GDS_UNSUPPORTED` for each one and why).
+
+    Args:
+        metadata: where the chunk lies in the slab, and its layout.
+
+    Raises:
+        InvalidArgumentError: ``metadata`` is not a MemoryObjMetadata.
     """
 
     __slots__ = ("meta", "valid")
 
     def __init__(self, metadata: MemoryObjMetadata) -> None:
         if not isinstance(metadata, MemoryObjMetadata):
-            raise InvalidArgumentError(
+            raise ArgumentTypeError(
                 f"metadata must be a MemoryObjMetadata, got {type(metadata).__name__}"
             )
         super().__init__(metadata)
@@ -244,30 +252,6 @@ class GDSMemoryObject(MemoryObj):
         """``meta.phy_size``."""
         return self.meta.phy_size
 
-    def ref_count_up(self) -> None:
-        """Not used on the GDS path."""
-        raise _gds_unsupported("ref_count_up")
-
-    def ref_count_down(self) -> None:
-        """Not used on the GDS path."""
-        raise _gds_unsupported("ref_count_down")
-
-    def get_ref_count(self) -> int:
-        """Not used on the GDS path."""
-        raise _gds_unsupported("get_ref_count")
-
-    def get_num_tokens(self) -> int:
-        """Not used on the GDS path."""
-        raise _gds_unsupported("get_num_tokens")
-
-    def pin(self) -> bool:
-        """Not used on the GDS path."""
-        raise _gds_unsupported("pin")
-
-    def unpin(self) -> bool:
-        """Not used on the GDS path."""
-        raise _gds_unsupported("unpin")
-
     @property
     def metadata(self) -> MemoryObjMetadata:
         """The metadata."""
@@ -275,38 +259,56 @@ class GDSMemoryObject(MemoryObj):
 
     @property
     def tensor(self) -> torch.Tensor | None:
-        """Always None."""
+        """Always None: the bytes are in the slab file."""
         return None
-
-    @property
-    def byte_array(self) -> Any:
-        """Not supported: the bytes are in the slab file."""
-        raise _gds_unsupported("byte_array")
-
-    @property
-    def data_ptr(self) -> int:
-        """Not supported: the bytes are in the slab file."""
-        raise _gds_unsupported("data_ptr")
-
-    @property
-    def is_pinned(self) -> bool:
-        """Not used on the GDS path."""
-        raise _gds_unsupported("is_pinned")
-
-    @property
-    def can_evict(self) -> bool:
-        """Not used on the GDS path."""
-        raise _gds_unsupported("can_evict")
 
     @property
     def raw_tensor(self) -> torch.Tensor | None:
-        """Always None."""
+        """Always None: the bytes are in the slab file."""
         return None
 
     def get_tensor(self, index: int) -> torch.Tensor | None:
-        """Always None."""
+        """Always None: the bytes are in the slab file."""
         return None
 
     def parent(self) -> MemoryAllocatorInterface | None:
         """None: the slab is not an allocator."""
         return None
+
+    def __repr__(self) -> str:
+        return f"<GDSMemoryObject slab offset {self.meta.address}, {self.meta.phy_size} bytes>"
+
+
+#: What a :class:`GDSMemoryObject` does not support: name -> (a property?, why).
+#: Each raises :class:`~kvpool.errors.FeatureUnavailableError` saying why.
+GDS_UNSUPPORTED: dict[str, tuple[bool, str]] = {
+    "get_num_tokens": (False, "the token count is not tracked"),
+    "ref_count_up": (False, "slab chunks are not reference counted"),
+    "ref_count_down": (False, "slab chunks are not reference counted"),
+    "get_ref_count": (False, "slab chunks are not reference counted"),
+    "pin": (False, "slab chunks are not pinned"),
+    "unpin": (False, "slab chunks are not pinned"),
+    "is_pinned": (True, "slab chunks are not pinned"),
+    "can_evict": (True, "eviction of slab chunks is the slab's business"),
+    "byte_array": (True, "the bytes are in the slab file, not in memory"),
+    "raw_data": (True, "the bytes are in the slab file, not in memory"),
+    "data_ptr": (True, "the bytes are in the slab file, not in memory"),
+}
+
+
+def _gds_unsupported(name: str, is_property: bool, why: str) -> Any:
+    def refuse(self: GDSMemoryObject) -> Any:
+        raise FeatureUnavailableError(
+            f"GDSMemoryObject.{name} is not supported: {why}; only the chunk's (slab offset, "
+            "size) and layout are tracked. Read the chunk from the slab file into a pool "
+            "object first"
+        )
+
+    refuse.__name__ = refuse.__qualname__ = name
+    refuse.__doc__ = f"Not supported on the GDS path ({why}): raises FeatureUnavailableError."
+    return property(refuse, doc=refuse.__doc__) if is_property else refuse
+
+
+for _name, (_is_property, _why) in GDS_UNSUPPORTED.items():
+    setattr(GDSMemoryObject, _name, _gds_unsupported(_name, _is_property, _why))
+abc.update_abstractmethods(GDSMemoryObject)

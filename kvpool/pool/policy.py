@@ -50,15 +50,17 @@ import torch
 from kvpool.checks import check_bool
 from kvpool.errors import (
     AddressSpaceExhaustedError,
+    ArgumentTypeError,
     InheritedAcrossForkError,
     InvalidArgumentError,
     InvalidHandleError,
     LeakedHandleError,
     LeakedHandleWarning,
     PoolClosedError,
+    RequestTooLargeError,
     ViewsOutliveHandleError,
 )
-from kvpool.formats import MemoryFormat
+from kvpool.formats import MAX_LAYOUT_BYTES, MemoryFormat, format_hint
 from kvpool.misuse import report, strict_mode
 from kvpool.pool.arena import Arena
 from kvpool.pool.handle import TensorMemoryObj
@@ -102,7 +104,10 @@ def check_format(fmt: object) -> MemoryFormat:
     """
     if fmt.__class__ is not MemoryFormat:
         names = ", ".join(f.name for f in MemoryFormat)
-        raise InvalidArgumentError(f"fmt must be a MemoryFormat ({names}), got {fmt!r}")
+        raise ArgumentTypeError(
+            f"fmt must be a MemoryFormat ({names}), got {type(fmt).__name__} {fmt!r}"
+            f"{format_hint(fmt)}"
+        )
     return fmt  # type: ignore[return-value]
 
 
@@ -231,6 +236,7 @@ class PlacementPolicy(MemoryAllocatorInterface):
         self.outer: Any = self
         # Told of every change of usage (None: nobody asked; no cost).
         self._usage: Any = usage_listener()
+        self._said_too_large = False
         self._pinned = 0
         # Handles whose __del__ found the lock taken, released later.
         self._dropped: deque[TensorMemoryObj] = deque()
@@ -356,12 +362,46 @@ class PlacementPolicy(MemoryAllocatorInterface):
         """Bytes of freed objects that views still hold (not reusable yet)."""
         return self._held_bytes
 
+    @property
+    def display_name(self) -> str:
+        """What messages call this policy: the pool built on it (e.g.
+        ``MixedMemoryAllocator``), else the policy's own name."""
+        pool = self.keep_alive
+        return str(pool) if pool is not None else str(self)
+
+    def _refuse_too_large_locked(self, nbytes: int, capacity: int, what: str) -> None:
+        """A request failed: say so if it can never fit (the caller returns None).
+
+        ``nbytes`` beyond :data:`~kvpool.formats.MAX_LAYOUT_BYTES` raises
+        :class:`InvalidArgumentError`; beyond ``capacity`` (the whole pool)
+        it is reported once per pool (a warning), or raises
+        :class:`RequestTooLargeError` in strict mode.  A request that only
+        does not fit *now* is not reported.
+        """
+        if nbytes > MAX_LAYOUT_BYTES:
+            raise InvalidArgumentError(
+                f"{what} of {nbytes} bytes: more than {MAX_LAYOUT_BYTES} (the int64 limit)"
+            )
+        if nbytes <= capacity:
+            return
+        message = (
+            f"{what} of {nbytes} bytes from {self.display_name} can never succeed: the whole "
+            f"pool has {capacity} bytes; it returned None (as when full). Use a larger pool "
+            "or split the request"
+        )
+        if strict_mode():
+            raise RequestTooLargeError(message)
+        if not self._said_too_large:
+            self._said_too_large = True
+            logger.warning("%s (said once per pool)", message)
+
     # -- ownership and pins ------------------------------------------------
 
     def _check_owned(self, obj: object) -> TensorMemoryObj:
         if obj.__class__ is not _TMO or obj.owner is not self:  # type: ignore[attr-defined]
             raise InvalidHandleError(
-                f"{obj!r} was not allocated by this {self}; free it with its own allocator"
+                f"{obj!r} was not allocated by this {self.display_name}; free it with its own "
+                "allocator"
             )
         return obj  # type: ignore[return-value]
 
@@ -484,7 +524,7 @@ class PlacementPolicy(MemoryAllocatorInterface):
     def _log_problems(self, problems: list[str]) -> bool:
         """Log memcheck's findings; True when there are none."""
         for problem in problems:
-            logger.error("memcheck(%s): %s", self, problem)
+            logger.error("memcheck(%s): %s", self.display_name, problem)
         return not problems
 
     # -- the memory, for consumers that register it ------------------------
@@ -592,7 +632,7 @@ class PlacementPolicy(MemoryAllocatorInterface):
         if self.closed:
             if self._closed_why == "forked":
                 raise self.dead_handle_error(self, what)
-            raise PoolClosedError(f"{what} on a closed {self}")
+            raise PoolClosedError(f"{what} on a closed {self.display_name}")
 
     def _report_already_freed(self, obj: object) -> None:
         if self.closed and self._closed_why == "closed":

@@ -22,6 +22,9 @@ pool adds none.
 from __future__ import annotations
 
 import contextlib
+import logging
+import math
+import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -29,9 +32,16 @@ import torch
 
 import kvpool.pool.extent
 import kvpool.pool.paged  # noqa: F401 - registers the paged policy
-from kvpool.checks import check_power_of_two
-from kvpool.errors import InvalidArgumentError, PoolClosedError
-from kvpool.formats import MemoryFormat
+from kvpool.checks import check_batch_size, check_bool, check_int, check_power_of_two, check_size
+from kvpool.errors import (
+    ArgumentTypeError,
+    InvalidArgumentError,
+    OutOfMemoryError,
+    PoolClosedError,
+    RequestTooLargeError,
+)
+from kvpool.formats import MAX_LAYOUT_BYTES, MemoryFormat, format_hint
+from kvpool.misuse import strict_mode
 from kvpool.pool.backing import Backing
 from kvpool.pool.interface import MemoryAllocatorInterface, PoolStats
 from kvpool.pool.monitor import live_pools, register_pool
@@ -40,12 +50,15 @@ from kvpool.pool.placeholders import BytesBufferMemoryObj
 from kvpool.pool.policy import PlacementPolicy, PlacementSpec, check_object_list
 
 __all__ = [
+    "BUFFER_MIN_COST",
     "TENSOR_FORMATS",
     "BufferAllocator",
     "MemoryPool",
     "check_align_bytes",
     "live_pools",
 ]
+
+logger = logging.getLogger("kvpool")
 
 #: Formats a pool places in its own memory (BINARY_BUFFER goes to byte buffers).
 TENSOR_FORMATS = frozenset(
@@ -61,28 +74,109 @@ TENSOR_FORMATS = frozenset(
 )
 
 
+#: What one byte buffer counts at least against a :class:`BufferAllocator`'s
+#: bound (its Python objects), so that a batch of empty buffers is bounded too.
+BUFFER_MIN_COST = 64
+
+
+def _physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):  # not reported by this system
+        return MAX_LAYOUT_BYTES
+
+
 class BufferAllocator(MemoryAllocatorInterface):
     """Objects over fresh Python ``bytearray``s (``BINARY_BUFFER``).
 
+    A request's length is the first dimension of its (first) shape, as in
+    the reference API; the dtypes are ignored.
+
     Args:
         device: kept for the reference API; only "cpu" is meaningful.
+
+    Attributes:
+        max_bytes: the most bytes one call may allocate (a batch counts all
+            its buffers, each at least :data:`BUFFER_MIN_COST` bytes): the
+            machine's physical memory, or what :meth:`bounded` was given.  A
+            :class:`MemoryPool` that routes ``BINARY_BUFFER`` here
+            (``MixedMemoryAllocator``) bounds it by its own size, so a byte
+            buffer is never larger than the pool.
+
+    A request beyond ``max_bytes`` returns None, as a full pool does, and is
+    reported once (a warning; :class:`~kvpool.errors.RequestTooLargeError`
+    in strict mode).
     """
 
     def __init__(self, device: str = "cpu") -> None:
         self.device = device
+        #: The most bytes one call may allocate (see the class docstring).
+        self.max_bytes = _physical_memory()
+        self._name = "BufferAllocator"
+        self._said_too_large = False
+
+    @classmethod
+    def bounded(
+        cls, max_bytes: int, *, name: str = "BufferAllocator", device: str = "cpu"
+    ) -> BufferAllocator:
+        """A buffer allocator whose calls allocate at most ``max_bytes`` each.
+
+        Args:
+            max_bytes: the bound, > 0.
+            name: what its messages call it (the pool that routes to it).
+            device: as in the constructor.
+
+        Raises:
+            InvalidArgumentError: ``max_bytes`` is not a positive int.
+        """
+        self = cls(device)
+        self.max_bytes = check_size("max_bytes", max_bytes)
+        self._name = name if isinstance(name, str) else "BufferAllocator"
+        return self
 
     @staticmethod
     def _length(shapes: Any) -> int:
-        shape = shapes[0] if isinstance(shapes, list) else shapes
-        try:
-            n = int(shape[0])
-        except (TypeError, IndexError, ValueError):
+        """The requested length: the first dimension of the (first) shape."""
+        shape = shapes
+        if isinstance(shapes, list) and shapes and not isinstance(shapes[0], int):
+            shape = shapes[0]
+        if not isinstance(shape, (tuple, list)) or not shape:
+            raise ArgumentTypeError(
+                f"a byte buffer's shape must be a torch.Size (or a list of them) starting with "
+                f"its length in bytes, got {type(shapes).__name__} {shapes!r}"
+            )
+        dims = [check_int("byte buffer dimension", d, low=0) for d in shape]
+        if math.prod(dims) > MAX_LAYOUT_BYTES:
             raise InvalidArgumentError(
-                f"a byte buffer's shape must start with its length in bytes, got {shapes!r}"
+                f"the byte buffer shape {tuple(dims)} describes more than {MAX_LAYOUT_BYTES} "
+                "elements (the int64 limit)"
+            )
+        return dims[0]
+
+    def _fits(self, length: int, count: int, what: str) -> bool:
+        """True when ``count`` buffers of ``length`` bytes are within the bound."""
+        cost = max(length, BUFFER_MIN_COST) * count
+        if cost <= self.max_bytes:
+            return True
+        message = (
+            f"{what} of {count} byte buffer(s) of {length} bytes from {self._name} can never "
+            f"succeed: more than its bound of {self.max_bytes} bytes; it returned None"
+        )
+        if strict_mode():
+            raise RequestTooLargeError(message)
+        if not self._said_too_large:
+            self._said_too_large = True
+            logger.warning("%s (said once per allocator)", message)
+        return False
+
+    @staticmethod
+    def _buffer(length: int) -> bytearray:
+        try:
+            return bytearray(length)
+        except MemoryError:
+            raise OutOfMemoryError(
+                f"no memory for a byte buffer of {length} bytes; free objects or ask for less"
             ) from None
-        if n < 0:
-            raise InvalidArgumentError(f"a byte buffer cannot have length {n}")
-        return n
 
     def allocate(
         self,
@@ -90,13 +184,21 @@ class BufferAllocator(MemoryAllocatorInterface):
         dtypes: torch.dtype | list[torch.dtype],
         fmt: MemoryFormat = MemoryFormat.BINARY_BUFFER,
         allocator_type: str | None = None,
-    ) -> BytesBufferMemoryObj:
+    ) -> BytesBufferMemoryObj | None:
         """A zeroed byte buffer of ``shapes[0]`` bytes (the dtype is ignored).
 
+        Returns:
+            The object, or None when the length is beyond ``max_bytes``.
+
         Raises:
-            InvalidArgumentError: the shape does not start with a length >= 0.
+            InvalidArgumentError: the shape does not start with a length >= 0,
+                or describes more than int64 elements.
+            OutOfMemoryError: the machine has no memory for it.
         """
-        return BytesBufferMemoryObj(bytearray(self._length(shapes)))
+        n = self._length(shapes)
+        if not self._fits(n, 1, "allocate"):
+            return None
+        return BytesBufferMemoryObj(self._buffer(n))
 
     def batched_allocate(
         self,
@@ -105,16 +207,18 @@ class BufferAllocator(MemoryAllocatorInterface):
         batch_size: int,
         fmt: MemoryFormat = MemoryFormat.BINARY_BUFFER,
         allocator_type: str | None = None,
-    ) -> list[BytesBufferMemoryObj]:
-        """``batch_size`` zeroed byte buffers.
+    ) -> list[BytesBufferMemoryObj] | None:
+        """``batch_size`` zeroed byte buffers (None when beyond ``max_bytes``).
 
         Raises:
-            InvalidArgumentError: bad shape or negative batch size.
+            InvalidArgumentError: bad shape or batch size.
+            OutOfMemoryError: the machine has no memory for them.
         """
         n = self._length(shapes)
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 0:
-            raise InvalidArgumentError(f"batch_size must be an int >= 0, got {batch_size!r}")
-        return [BytesBufferMemoryObj(bytearray(n)) for _ in range(batch_size)]
+        check_batch_size(batch_size)
+        if not self._fits(n, batch_size, "batched_allocate"):
+            return None
+        return [BytesBufferMemoryObj(self._buffer(n)) for _ in range(batch_size)]
 
     def free(self, memory_obj: MemoryObj, allocator_type: str | None = None) -> None:
         """Nothing to do: the buffer is garbage-collected."""
@@ -129,6 +233,22 @@ class BufferAllocator(MemoryAllocatorInterface):
 
     def __str__(self) -> str:
         return "BufferAllocator"
+
+
+def _check_formats(formats: object) -> frozenset[MemoryFormat]:
+    """Validate the ``formats`` argument of a pool (an iterable of MemoryFormat)."""
+    try:
+        result = frozenset(formats)  # type: ignore[arg-type]
+    except TypeError:
+        raise ArgumentTypeError(
+            f"formats must be an iterable of MemoryFormat, got {type(formats).__name__}"
+        ) from None
+    for fmt in result:
+        if fmt.__class__ is not MemoryFormat:
+            raise ArgumentTypeError(
+                f"formats must hold MemoryFormat members, got {fmt!r}{format_hint(fmt)}"
+            )
+    return result
 
 
 def check_align_bytes(align_bytes: object) -> int:
@@ -169,10 +289,27 @@ class MemoryPool(MemoryAllocatorInterface):
     ) -> None:
         # The one construction sequence of every pool: the policy over the
         # backing, and the backing closed if anything fails (nothing leaks).
+        if not isinstance(backing, Backing):
+            raise ArgumentTypeError(
+                f"backing must be a kvpool Backing (HostBacking, TorchBacking...), got "
+                f"{type(backing).__name__}"
+            )
         try:
-            policy = placement if isinstance(placement, PlacementPolicy) else None
-            if policy is None:
-                policy = placement.build(backing.tensor, backing.view)  # type: ignore[union-attr]
+            if backing.closed:
+                raise PoolClosedError(f"cannot build a pool over a closed backing {backing!r}")
+            byte_buffers = check_bool("byte_buffers", byte_buffers)
+            if not isinstance(name, str):
+                raise ArgumentTypeError(f"name must be a str, got {type(name).__name__}")
+            formats = _check_formats(formats)
+            if isinstance(placement, PlacementPolicy):
+                policy = placement
+            elif isinstance(placement, PlacementSpec):
+                policy = placement.build(backing.tensor, backing.view)
+            else:
+                raise ArgumentTypeError(
+                    f"placement must be a PlacementSpec or a PlacementPolicy, got "
+                    f"{type(placement).__name__}"
+                )
         except BaseException:
             backing.close()
             raise
@@ -183,8 +320,13 @@ class MemoryPool(MemoryAllocatorInterface):
         # pool whose objects are still in use.
         policy.keep_alive = self
         policy.outer = self
-        self.buffer_allocator = BufferAllocator("cpu") if byte_buffers else None
-        self._formats = frozenset(formats)
+        # Byte buffers are bounded by the pool's size (see BufferAllocator).
+        self.buffer_allocator = (
+            BufferAllocator.bounded(max(backing.size, BUFFER_MIN_COST), name=name)
+            if byte_buffers
+            else None
+        )
+        self._formats = formats
         self._name = name
         register_pool(self)
 
@@ -225,15 +367,21 @@ class MemoryPool(MemoryAllocatorInterface):
 
     def _check_format(self, fmt: object) -> bool:
         """True for a byte-buffer request, False for the pool; raise otherwise."""
-        if fmt in self._formats:
-            return False
-        if fmt is MemoryFormat.BINARY_BUFFER and self.buffer_allocator is not None:
-            return True
+        try:
+            if fmt in self._formats:
+                return False
+        except TypeError:  # unhashable: not a format (refused below)
+            pass
+        else:
+            if fmt is MemoryFormat.BINARY_BUFFER and self.buffer_allocator is not None:
+                return True
         supported = sorted(f.name for f in self._formats)
         if self.buffer_allocator is not None:
             supported.append("BINARY_BUFFER")
-        raise InvalidArgumentError(
-            f"unsupported memory format {fmt!r} for {self._name}; supported: {', '.join(supported)}"
+        error = InvalidArgumentError if fmt.__class__ is MemoryFormat else ArgumentTypeError
+        raise error(
+            f"unsupported memory format {type(fmt).__name__} {fmt!r} for {self._name}; "
+            f"supported: MemoryFormat.{', MemoryFormat.'.join(supported)}{format_hint(fmt)}"
         )
 
     def allocate(

@@ -251,8 +251,8 @@ class AttachedPool:
     removes the segment.
     """
 
-    def __init__(self, name: str, size: int | None = None) -> None:
-        self._backing = HostBacking.attach(name, size)
+    def __init__(self, name: str, size: int | None = None, *, pin: str = "auto") -> None:
+        self._backing = HostBacking.attach(name, size, pin=pin)
         self.name = name
         full: memoryview = self._backing.view  # type: ignore[assignment]
         self._reader: IndexReader | None = None
@@ -267,6 +267,11 @@ class AttachedPool:
             self.size = pool_bytes
             self.view = full[:pool_bytes]
             self.buffer = self._backing.tensor[:pool_bytes]
+
+    @property
+    def pinned(self) -> str:
+        """How the mapping is pinned in this process ("none", "mlock", "cuda-register")."""
+        return self._backing.buffer.pinned
 
     @property
     def indexed(self) -> bool:

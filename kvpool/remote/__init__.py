@@ -35,9 +35,11 @@ Errors: :class:`~kvpool.errors.CorruptEntryError`,
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+from kvpool.checks import check_keywords, keywords_of
 from kvpool.errors import (
     CorruptEntryError,
     InvalidArgumentError,
@@ -119,6 +121,18 @@ def _parse(spec: object) -> tuple[str, str]:
     )
 
 
+def _open(opener: Callable[..., Any], name: str, where: str, options: dict[str, Any]) -> Any:
+    """``opener(where, **options)``, refusing options the store does not take.
+
+    A Redis option given to a directory spec (``timeout=``) would otherwise
+    escape as a bare ``TypeError``.
+    """
+    known = keywords_of(opener, skip=1)  # the first parameter is the spec itself
+    if known is not None:
+        check_keywords(f"{name} (opened by open_store)", options, known)
+    return opener(where, **options)
+
+
 def open_store(spec: str | os.PathLike[str], **options: Any) -> RemoteStore:
     """Open a store described by a string (the form a command line takes).
 
@@ -144,18 +158,19 @@ def open_store(spec: str | os.PathLike[str], **options: Any) -> RemoteStore:
     Raises:
         InvalidArgumentError: an empty spec, an unknown scheme, or a
             ``file:`` URL with a host.
+        ArgumentTypeError: an option the chosen store does not take.
         FeatureUnavailableError: a Redis spec without the ``redis`` client,
             a Mooncake spec without Mooncake's client.
         StoreConnectionError: the server, cluster or master cannot be reached.
     """
     kind, where = _parse(spec)
     if kind == "file":
-        return FileStore(where, **options)
+        return _open(FileStore, "FileStore", where, options)  # type: ignore[no-any-return]
     if kind == "redis-cluster":
-        return RedisClusterStore(where, **options)
+        return _open(RedisClusterStore, "RedisClusterStore", where, options)  # type: ignore[no-any-return]
     if kind == "mooncake":
-        return MooncakeStore.from_url(where, **options)
-    return RedisStore(where, **options)
+        return _open(MooncakeStore.from_url, "MooncakeStore", where, options)  # type: ignore[no-any-return]
+    return _open(RedisStore, "RedisStore", where, options)  # type: ignore[no-any-return]
 
 
 def open_async_store(spec: str | os.PathLike[str], **options: Any) -> AsyncRemoteStore:
@@ -171,9 +186,9 @@ def open_async_store(spec: str | os.PathLike[str], **options: Any) -> AsyncRemot
     """
     kind, where = _parse(spec)
     if kind == "file":
-        return AsyncFileStore(where, **options)
+        return _open(AsyncFileStore, "AsyncFileStore", where, options)  # type: ignore[no-any-return]
     if kind != "redis":
         raise InvalidArgumentError(
             f"no asyncio store for {kind} specs yet; use open_store({redact_url(where)!r})"
         )
-    return AsyncRedisStore(where, **options)
+    return _open(AsyncRedisStore, "AsyncRedisStore", where, options)  # type: ignore[no-any-return]

@@ -42,11 +42,13 @@ from kvpool.pool.objects import MemoryObj
 from kvpool.remote.aiobase import AsyncRemoteStore, offload
 from kvpool.remote.base import (
     Key,
+    check_allocator,
     check_format,
     check_pairs,
     discard,
     hold,
     key_bytes,
+    key_list,
     release,
     requested_layout,
 )
@@ -425,7 +427,7 @@ class AsyncRedisStore(AsyncRemoteStore, RedisCommon):
     ) -> None:
         """Store each object, pipelined in windows (see :meth:`RedisStore.batched_put`)."""
         check_pairs(keys, memory_objs)
-        kbs = [key_bytes(k) for k in keys]
+        kbs = key_list(keys)
         self._check_open()
         px = self._px_for(ttl)
         if not kbs:
@@ -453,6 +455,7 @@ class AsyncRedisStore(AsyncRemoteStore, RedisCommon):
         """Read ``key`` into a new object with one ``GET`` (see :meth:`RedisStore.get`)."""
         kb = key_bytes(key)
         self._check_open()
+        check_allocator(allocator)
         layout = requested_layout(shapes, dtypes)
         fmt = check_format(fmt)
         return await self._call("get", kb, self._get_plan(kb, allocator, layout, fmt))  # type: ignore[no-any-return]
@@ -466,8 +469,9 @@ class AsyncRedisStore(AsyncRemoteStore, RedisCommon):
         fmt: MemoryFormat | None = None,
     ) -> list[MemoryObj | None]:
         """``get`` for each key, pipelined in windows (see :meth:`RedisStore.batched_get`)."""
-        kbs = [key_bytes(k) for k in keys]
+        kbs = key_list(keys)
         self._check_open()
+        check_allocator(allocator)
         layout = requested_layout(shapes, dtypes)
         fmt = check_format(fmt)
         if not kbs:
@@ -496,7 +500,7 @@ class AsyncRedisStore(AsyncRemoteStore, RedisCommon):
 
     async def batched_exists(self, keys: Sequence[Key]) -> list[bool]:
         """``exists`` for each key, pipelined."""
-        kbs = [key_bytes(k) for k in keys]
+        kbs = key_list(keys)
         self._check_open()
         if not kbs:
             return []
@@ -511,7 +515,7 @@ class AsyncRedisStore(AsyncRemoteStore, RedisCommon):
 
     async def batched_delete(self, keys: Sequence[Key]) -> int:
         """Remove every key (one ``DEL`` per 256 keys, pipelined); how many existed."""
-        kbs = [key_bytes(k) for k in keys]
+        kbs = key_list(keys)
         self._check_open()
         if not kbs:
             return 0

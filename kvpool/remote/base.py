@@ -53,6 +53,7 @@ from typing import Any, TypeVar
 import torch
 
 from kvpool.errors import (
+    ArgumentTypeError,
     FeatureUnavailableError,
     InvalidArgumentError,
     InvalidHandleError,
@@ -106,6 +107,35 @@ def key_bytes(key: object) -> bytes:
             f"key of {len(data)} bytes is longer than the limit of {MAX_KEY_BYTES}"  # type: ignore[arg-type]
         )
     return data  # type: ignore[return-value]
+
+
+def check_list(name: str, value: object) -> Sequence[Any]:
+    """Return ``value`` if it is a sequence of items (a list, a tuple...).
+
+    ``str`` and bytes-like values are refused: a lone key passed where a
+    list of keys is expected would otherwise be read one character at a time.
+
+    Raises:
+        ArgumentTypeError: not a sequence, or a ``str``/bytes-like value.
+    """
+    if value.__class__ is list or value.__class__ is tuple:
+        return value  # type: ignore[return-value]
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes, bytearray)):
+        return value
+    raise ArgumentTypeError(
+        f"{name} must be a list (or tuple) of items, got {type(value).__name__} {value!r:.80}"
+        + ("; wrap a single key in a list" if isinstance(value, (str, bytes, bytearray)) else "")
+    )
+
+
+def key_list(keys: object) -> list[bytes]:
+    """Return the keys of a batched call as bytes (see :func:`key_bytes`).
+
+    Raises:
+        ArgumentTypeError: ``keys`` is not a list/tuple of keys.
+        InvalidArgumentError: a key is bad.
+    """
+    return [key_bytes(k) for k in check_list("keys", keys)]
 
 
 def hold(obj: object, action: str) -> None:
@@ -267,6 +297,20 @@ def destination(
     return obj, view
 
 
+def check_allocator(allocator: object) -> None:
+    """Validate the ``allocator`` argument of a ``get`` before any I/O.
+
+    Raises:
+        InvalidArgumentError: ``allocator`` has no callable ``allocate``
+            (e.g. a pool's object, a tensor or a store passed by mistake).
+    """
+    if not callable(getattr(allocator, "allocate", None)):
+        raise InvalidArgumentError(
+            f"allocator must be a kvpool/LMCache memory allocator (with an allocate() "
+            f"method), got {type(allocator).__name__}; pass the pool to read into"
+        )
+
+
 def requested_layout(
     shapes: torch.Size | Sequence[torch.Size] | None,
     dtypes: torch.dtype | Sequence[torch.dtype] | None,
@@ -336,7 +380,9 @@ def _show(shapes: Iterable[torch.Size], dtypes: Iterable[torch.dtype]) -> str:
 
 
 def check_pairs(keys: Sequence[object], objs: Sequence[object]) -> None:
-    """Raise when the key and object lists of a ``batched_put`` differ in length."""
+    """Raise when the ``batched_put`` key and object lists are not lists or differ in length."""
+    check_list("keys", keys)
+    check_list("memory_objs", objs)
     if len(keys) != len(objs):
         raise InvalidArgumentError(f"batched_put: {len(keys)} keys but {len(objs)} memory objects")
 
@@ -532,6 +578,7 @@ class RemoteStore(metaclass=abc.ABCMeta):
             Any error of :meth:`get`; every object this call allocated is
             freed first, so nothing leaks.
         """
+        key_list(keys)
         self._check_open()
         results = self._map(
             lambda k: self.get(k, allocator, shapes, dtypes, fmt), list(keys), stop_on_error=True
@@ -550,6 +597,7 @@ class RemoteStore(metaclass=abc.ABCMeta):
         Raises:
             Any error of :meth:`exists`.
         """
+        key_list(keys)
         self._check_open()
         return [self.exists(k) for k in keys]
 
@@ -560,6 +608,7 @@ class RemoteStore(metaclass=abc.ABCMeta):
         Raises:
             Any error of :meth:`delete`.
         """
+        key_list(keys)
         self._check_open()
         return sum(self.delete(k) for k in keys)
 

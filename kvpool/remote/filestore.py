@@ -71,6 +71,7 @@ from urllib.parse import quote_from_bytes
 
 import torch
 
+from kvpool.checks import check_bool, check_seconds
 from kvpool.errors import (
     CorruptEntryError,
     InvalidArgumentError,
@@ -83,6 +84,7 @@ from kvpool.pool.objects import MemoryObj
 from kvpool.remote.base import (
     Key,
     RemoteStore,
+    check_allocator,
     check_format,
     check_stored,
     describe,
@@ -167,6 +169,13 @@ class FileStore(RemoteStore):
         reuse_files: bool = True,
         cleanup_temp_age_s: float | None = 60.0,
     ) -> None:
+        checksum = check_bool("checksum", checksum)
+        durable = check_bool("durable", durable)
+        reuse_files = check_bool("reuse_files", reuse_files)
+        if cleanup_temp_age_s is not None:
+            cleanup_temp_age_s = check_seconds(
+                "cleanup_temp_age_s", cleanup_temp_age_s, allow_none=True, allow_zero=True
+            )
         super().__init__(io_threads)
         try:
             path = os.fspath(directory)
@@ -176,6 +185,8 @@ class FileStore(RemoteStore):
             ) from None
         if not isinstance(path, str) or not path:
             raise InvalidArgumentError(f"directory must be a non-empty str path, got {path!r}")
+        if "\0" in path:
+            raise InvalidArgumentError(f"directory {path!r} contains a NUL byte; no path can")
         try:
             os.makedirs(path, exist_ok=True)
         except FileExistsError:
@@ -188,11 +199,11 @@ class FileStore(RemoteStore):
             raise InvalidArgumentError(f"{path!r} exists and is not a directory")
         self.directory = os.path.abspath(path)
         self._prefix = self.directory + os.sep
-        self._checksum = bool(checksum)
-        self._durable = bool(durable)
+        self._checksum = checksum
+        self._durable = durable
         self._seq = itertools.count()
         # Spare files: replaced entries kept to be overwritten by later puts.
-        self._reuse = bool(reuse_files) and not self._durable and renameat2 is not None
+        self._reuse = reuse_files and not self._durable and renameat2 is not None
         self._spares: list[str] = []
         self._spares_pid = current_pid()
         self._spares_lock = threading.Lock()
@@ -399,6 +410,7 @@ class FileStore(RemoteStore):
         """
         kb = key_bytes(key)
         self._check_open()
+        check_allocator(allocator)
         layout = requested_layout(shapes, dtypes)
         fmt = check_format(fmt)
         fd = self._open_entry(kb, "get")
@@ -617,7 +629,12 @@ class FileStore(RemoteStore):
 
         Returns:
             The number of files removed.
+
+        Raises:
+            InvalidArgumentError: ``min_age_s`` is not a finite number >= 0.
+            RemoteStoreError: the directory cannot be listed.
         """
+        min_age_s = check_seconds("min_age_s", min_age_s, allow_zero=True)  # type: ignore[assignment]
         now = time.time()
         me = current_pid()
         removed = 0

@@ -164,7 +164,12 @@ def parse_url(url: str) -> tuple[str, dict[str, Any]]:
         InvalidArgumentError: another scheme, no master, an unknown or
             repeated parameter, or a value of the wrong kind.
     """
-    parts = urlsplit(url)
+    if not isinstance(url, str):
+        raise InvalidArgumentError(f"a Mooncake URL must be a str, got {type(url).__name__}")
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:  # e.g. an unclosed "[" of an IPv6 address
+        raise InvalidArgumentError(f"{url!r} is not a valid Mooncake URL: {exc}") from None
     if parts.scheme.lower() != "mooncake" or not parts.netloc:
         raise InvalidArgumentError(
             f"{url!r} is not a Mooncake URL: write mooncake://MASTER:PORT?metadata=URL&protocol=tcp"

@@ -71,6 +71,7 @@ import numpy as np
 import torch
 
 import kvpool.remote.mooncakecodes as codes
+from kvpool.checks import check_bool, check_keywords, check_seconds, keywords_of
 from kvpool.errors import (
     CorruptEntryError,
     InvalidArgumentError,
@@ -84,6 +85,7 @@ from kvpool.pool.objects import MemoryObj
 from kvpool.remote.base import (
     Key,
     RemoteStore,
+    check_allocator,
     check_format,
     check_pairs,
     check_stored,
@@ -92,6 +94,7 @@ from kvpool.remote.base import (
     discard,
     hold,
     key_bytes,
+    key_list,
     release,
     requested_layout,
 )
@@ -157,8 +160,7 @@ class MooncakeStore(RemoteStore):
     ) -> None:
         super().__init__(1)
         _, config_cls = import_mooncake()
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-            raise InvalidArgumentError(f"timeout must be a number of seconds > 0, got {timeout!r}")
+        timeout = check_seconds("timeout", timeout)  # type: ignore[assignment]
         for name, value, low in (
             ("replicas", replicas, 1),
             ("segment_size", segment_size, 0),
@@ -166,12 +168,12 @@ class MooncakeStore(RemoteStore):
         ):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise InvalidArgumentError(f"{name} must be an int >= {low}, got {value!r}")
-        if protocol not in ("tcp", "rdma"):
+        if not isinstance(protocol, str) or protocol not in ("tcp", "rdma"):
             raise InvalidArgumentError(f"protocol must be 'tcp' or 'rdma', got {protocol!r}")
         if not isinstance(device, str):
             raise InvalidArgumentError(f"device must be a str, got {device!r}")
         self._prefix = key_bytes(prefix)
-        self._checksum = bool(checksum)
+        self._checksum = check_bool("checksum", checksum)
         self.timeout = float(timeout)
         self.local_buffer_size = local_buffer_size
         self._config = config_cls()
@@ -207,6 +209,9 @@ class MooncakeStore(RemoteStore):
             InvalidArgumentError: a malformed URL, or an option given twice.
             As the constructor.
         """
+        known = keywords_of(cls, skip=1)  # the master comes from the URL
+        if known is not None:
+            check_keywords("MooncakeStore.from_url", options, known)
         master, parsed = parse_url(url)
         twice = sorted(set(parsed) & set(options))
         if twice:
@@ -264,7 +269,7 @@ class MooncakeStore(RemoteStore):
             ``InvalidArgumentError`` (nothing is stored).
         """
         check_pairs(keys, memory_objs)
-        kbs = [key_bytes(k) for k in keys]
+        kbs = key_list(keys)
         self._check_open()
         if not kbs:
             return
@@ -341,8 +346,9 @@ class MooncakeStore(RemoteStore):
         Raises:
             As :meth:`get`; every object this call allocated is freed first.
         """
-        kbs = [key_bytes(k) for k in keys]
+        kbs = key_list(keys)
         self._check_open()
+        check_allocator(allocator)
         layout = requested_layout(shapes, dtypes)
         fmt = check_format(fmt)
         out: list[MemoryObj | None] = [None] * len(kbs)
@@ -523,7 +529,7 @@ class MooncakeStore(RemoteStore):
 
     def batched_exists(self, keys: Sequence[Key]) -> list[bool]:
         """``exists`` for each key, in one call."""
-        kbs = [key_bytes(k) for k in keys]
+        kbs = key_list(keys)
         self._check_open()
         if not kbs:
             return []
@@ -551,7 +557,7 @@ class MooncakeStore(RemoteStore):
         Raises:
             As :meth:`delete`.
         """
-        kbs = [key_bytes(k) for k in keys]
+        kbs = key_list(keys)
         self._check_open()
         if not kbs:
             return 0

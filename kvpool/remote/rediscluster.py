@@ -44,6 +44,7 @@ from typing import Any
 import torch
 
 import kvpool.remote.rediswire as wire
+from kvpool.checks import check_bool
 from kvpool.errors import RemoteStoreError, StoreConnectionError
 from kvpool.formats import MemoryFormat
 from kvpool.pool.interface import MemoryAllocatorInterface
@@ -51,11 +52,13 @@ from kvpool.pool.objects import MemoryObj
 from kvpool.remote.base import (
     Key,
     RemoteStore,
+    check_allocator,
     check_format,
     check_pairs,
     discard,
     hold,
     key_bytes,
+    key_list,
     release,
     requested_layout,
 )
@@ -176,7 +179,7 @@ class RedisClusterStore(RemoteStore, RedisCommon):
             self._map_error,
         )
         self.server = self._nodes.label
-        if ping:
+        if check_bool("ping", ping):
             self.refresh()
 
     # -- the map -----------------------------------------------------
@@ -385,7 +388,7 @@ class RedisClusterStore(RemoteStore, RedisCommon):
             ``InvalidArgumentError`` (nothing is stored).
         """
         check_pairs(keys, memory_objs)
-        kbs = [key_bytes(k) for k in keys]
+        kbs = key_list(keys)
         self._check_open()
         px = self._px_for(ttl)
         if not kbs:
@@ -443,8 +446,9 @@ class RedisClusterStore(RemoteStore, RedisCommon):
         Raises:
             As :meth:`get`; every object this call allocated is freed first.
         """
-        kbs = [key_bytes(k) for k in keys]
+        kbs = key_list(keys)
         self._check_open()
+        check_allocator(allocator)
         layout = requested_layout(shapes, dtypes)
         fmt = check_format(fmt)
         if not kbs:
@@ -492,7 +496,7 @@ class RedisClusterStore(RemoteStore, RedisCommon):
 
     def batched_exists(self, keys: Sequence[Key]) -> list[bool]:
         """``exists`` for each key, grouped per master and pipelined."""
-        kbs = [key_bytes(k) for k in keys]
+        kbs = key_list(keys)
         self._check_open()
         if not kbs:
             return []
@@ -511,7 +515,7 @@ class RedisClusterStore(RemoteStore, RedisCommon):
 
     def batched_delete(self, keys: Sequence[Key]) -> int:
         """Remove every key (a ``DEL`` per slot, of at most 256 keys); returns how many existed."""
-        kbs = [key_bytes(k) for k in keys]
+        kbs = key_list(keys)
         self._check_open()
         if not kbs:
             return 0

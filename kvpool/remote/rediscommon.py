@@ -19,6 +19,7 @@ import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import kvpool.checks as checks
 import kvpool.remote.rediswire as wire
 from kvpool.errors import (
     InvalidArgumentError,
@@ -83,11 +84,10 @@ def check_seconds(name: str, value: object, none_ok: bool = False) -> float | No
     Raises:
         InvalidArgumentError: not a positive number (or None when allowed).
     """
-    if value is None and none_ok:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1e9:
-        raise InvalidArgumentError(f"{name} must be a number of seconds > 0, got {value!r}")
-    return float(value)
+    seconds = checks.check_seconds(name, value, allow_none=none_ok)
+    if seconds is not None and seconds >= 1e9:
+        raise InvalidArgumentError(f"{name} must be under 1e9 seconds, got {value!r}")
+    return seconds
 
 
 def check_window(value: object) -> int | None:
@@ -161,7 +161,7 @@ class RedisCommon:
         if not isinstance(limits, Limits):
             raise InvalidArgumentError(f"limits must be a resp.Limits, got {limits!r}")
         self._prefix = key_bytes(prefix)
-        self._checksum = bool(checksum)
+        self._checksum = checks.check_bool("checksum", checksum)
         self._target: Target = resolve_target(url, allow_asyncio=allow_asyncio)
         self.server = self._target.label
         return redis_py_connector(

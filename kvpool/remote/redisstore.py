@@ -46,17 +46,20 @@ from typing import Any, TypeVar
 
 import torch
 
+from kvpool.checks import check_bool
 from kvpool.formats import MemoryFormat
 from kvpool.pool.interface import MemoryAllocatorInterface
 from kvpool.pool.objects import MemoryObj
 from kvpool.remote.base import (
     Key,
     RemoteStore,
+    check_allocator,
     check_format,
     check_pairs,
     discard,
     hold,
     key_bytes,
+    key_list,
     release,
     requested_layout,
 )
@@ -150,7 +153,7 @@ class RedisStore(RemoteStore, RedisCommon):
             limits=limits,
         )
         self._pool = NodePool(connect, self.server, max_connections)
-        if ping:
+        if check_bool("ping", ping):
             self.ping()
 
     def _call(self, action: str, kb: bytes | None, plan: Plan) -> Any:
@@ -231,7 +234,7 @@ class RedisStore(RemoteStore, RedisCommon):
             ``InvalidArgumentError`` (nothing is stored).
         """
         check_pairs(keys, memory_objs)
-        kbs = [key_bytes(k) for k in keys]
+        kbs = key_list(keys)
         self._check_open()
         px = self._px_for(ttl)
         if not kbs:
@@ -276,6 +279,7 @@ class RedisStore(RemoteStore, RedisCommon):
         """
         kb = key_bytes(key)
         self._check_open()
+        check_allocator(allocator)
         layout = requested_layout(shapes, dtypes)
         fmt = check_format(fmt)
         return self._call("get", kb, self._get_plan(kb, allocator, layout, fmt))  # type: ignore[no-any-return]
@@ -296,8 +300,9 @@ class RedisStore(RemoteStore, RedisCommon):
         Raises:
             As :meth:`get`; every object this call allocated is freed first.
         """
-        kbs = [key_bytes(k) for k in keys]
+        kbs = key_list(keys)
         self._check_open()
+        check_allocator(allocator)
         layout = requested_layout(shapes, dtypes)
         fmt = check_format(fmt)
         if not kbs:
@@ -326,7 +331,7 @@ class RedisStore(RemoteStore, RedisCommon):
 
     def batched_exists(self, keys: Sequence[Key]) -> list[bool]:
         """``exists`` for each key, pipelined in windows on one connection."""
-        kbs = [key_bytes(k) for k in keys]
+        kbs = key_list(keys)
         self._check_open()
         if not kbs:
             return []
@@ -341,7 +346,7 @@ class RedisStore(RemoteStore, RedisCommon):
 
     def batched_delete(self, keys: Sequence[Key]) -> int:
         """Remove every key (one ``DEL`` per 256 keys, pipelined); returns how many existed."""
-        kbs = [key_bytes(k) for k in keys]
+        kbs = key_list(keys)
         self._check_open()
         if not kbs:
             return 0

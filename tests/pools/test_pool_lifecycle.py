@@ -443,7 +443,7 @@ def test_adhoc_allocator_lifecycle() -> None:
     assert obj.parent() is alloc
     other = alloc.allocate(KV_SHAPE, KV_DTYPE, KV_FMT)
     assert obj.data_ptr != other.data_ptr  # each object has its own tensor
-    with pytest.raises(NotImplementedError):
+    with pytest.raises(kvpool.FeatureUnavailableError, match="AdHocMemoryAllocator"):
         alloc.batched_allocate(KV_SHAPE, KV_DTYPE, 2)
     # The allocator's own counting methods do nothing, as in the reference.
     alloc.ref_count_up(obj)

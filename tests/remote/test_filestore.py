@@ -18,8 +18,13 @@ import pytest
 import torch
 
 import kvpool
-from kvpool.errors import CorruptEntryError, InvalidArgumentError, RemoteStoreError
-from kvpool.remote import FileStore, open_store
+from kvpool.errors import (
+    ArgumentTypeError,
+    CorruptEntryError,
+    InvalidArgumentError,
+    RemoteStoreError,
+)
+from kvpool.remote import AsyncFileStore, FileStore, open_store
 from kvpool.remote.header import FIXED_SIZE
 
 from .conftest import KV_DTYPE, KV_FMT, KV_SHAPE, fill
@@ -504,6 +509,54 @@ def test_open_store_specs(tmp_path: Path) -> None:
     for bad in ("", "  ", "ftp://x/y", "file://otherhost/x", "file://", 3):
         with pytest.raises(InvalidArgumentError):
             open_store(bad)  # type: ignore[arg-type]
+
+
+def test_open_store_refuses_options_the_store_does_not_take(tmp_path: Path) -> None:
+    # a Redis option given with a directory spec, a misspelt flag, the spec twice
+    for options, match in (
+        ({"timeout": 0.5}, "'timeout'.*accepted: checksum"),
+        ({"cheksum": True}, "did you mean 'checksum'"),
+        ({"directory": "/tmp"}, "'directory'"),
+    ):
+        with pytest.raises(ArgumentTypeError, match=match):
+            open_store(str(tmp_path / "s"), **options)
+    with pytest.raises(ArgumentTypeError, match="io_threads"):
+        AsyncFileStore(tmp_path / "s", io_threads=2)
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"checksum": 1}, "checksum must be True or False"),
+        ({"durable": "yes"}, "durable must be True or False"),
+        ({"reuse_files": torch.zeros(2)}, "reuse_files must be True or False"),
+        ({"cleanup_temp_age_s": float("nan")}, "cleanup_temp_age_s"),
+        ({"cleanup_temp_age_s": -1}, "cleanup_temp_age_s"),
+    ],
+)
+def test_flags_and_ages_are_checked(tmp_path: Path, options: dict, match: str) -> None:
+    with pytest.raises(InvalidArgumentError, match=match):
+        FileStore(tmp_path / "flags", **options)
+    assert not (tmp_path / "flags").exists()  # refused before anything was created
+
+
+def test_batched_calls_refuse_a_lone_key(tmp_path: Path) -> None:
+    pool = kvpool.TensorMemoryAllocator(torch.empty(1 << 16, dtype=torch.uint8))
+    with FileStore(tmp_path / "lone") as store:
+        obj = pool.allocate(torch.Size([16]), torch.uint8, kvpool.MemoryFormat.BINARY)
+        for call in (
+            lambda: store.batched_exists("key"),
+            lambda: store.batched_delete(b"key"),
+            lambda: store.batched_get("key", pool),
+            lambda: store.batched_put("key", [obj]),
+            lambda: store.batched_put(["key"], obj),
+            lambda: store.batched_exists(None),
+        ):
+            with pytest.raises(ArgumentTypeError, match="must be a list"):
+                call()
+        assert not store.exists("key") and not store.exists("k")
+        obj.ref_count_down()
+    pool.close()
 
 
 def test_repr_and_context_manager(tmp_path: Path) -> None:

@@ -461,6 +461,26 @@ def test_bad_get_arguments(
         store.get("k", pool, **kwargs)
 
 
+@pytest.mark.parametrize("not_an_allocator", [None, b"bytes", torch.empty(4), object()])
+def test_get_with_a_non_allocator_is_a_typed_error(
+    store: RemoteStore, pool: kvpool.TensorMemoryAllocator, not_an_allocator: object
+) -> None:
+    src = pool.allocate(KV_SHAPE, KV_DTYPE, KV_FMT)
+    data = fill(src, 3)
+    store.put("k", src)
+    src.ref_count_down()
+    for call in (
+        lambda: store.get("k", not_an_allocator),  # type: ignore[arg-type]
+        lambda: store.get("k", not_an_allocator, KV_SHAPE, KV_DTYPE, KV_FMT),  # type: ignore[arg-type]
+        lambda: store.batched_get(["k", "missing"], not_an_allocator),  # type: ignore[arg-type]
+    ):
+        with pytest.raises(InvalidArgumentError, match="allocate"):
+            call()
+    got = store.get("k", pool)  # the entry is intact
+    assert got is not None and bytes(got.byte_array) == data
+    got.ref_count_down()
+
+
 def test_closed_store(store: RemoteStore, pool: kvpool.TensorMemoryAllocator) -> None:
     src = pool.allocate(KV_SHAPE, KV_DTYPE, KV_FMT)
     store.close()
