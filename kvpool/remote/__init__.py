@@ -25,6 +25,14 @@
   for command lines.
 * :class:`EntryInfo` - what an entry's header records.
 
+Layout: the contract every store keeps is here (``base``: the blocking
+:class:`RemoteStore` and its checks; ``aiobase``: the asyncio one;
+``header``: the bytes an entry starts with; ``counters``: per-call
+metrics); each engine is a folder below (``file/``, ``redis/``,
+``cluster/`` on top of ``redis/``, ``mooncake/``).  A new store is a new
+folder that subclasses :class:`RemoteStore` and is named in
+:func:`open_store`.
+
 Errors: :class:`~kvpool.errors.CorruptEntryError`,
 :class:`~kvpool.errors.StoreConnectionError`,
 :class:`~kvpool.errors.StoreTimeoutError` (all
@@ -48,16 +56,16 @@ from kvpool.errors import (
     StoreTimeoutError,
 )
 from kvpool.remote.aiobase import AsyncRemoteStore
-from kvpool.remote.aiofile import AsyncFileStore
-from kvpool.remote.aioredis import AsyncRedisStore
 from kvpool.remote.base import MAX_KEY_BYTES, Key, RemoteStore
-from kvpool.remote.clusternodes import SCHEMES as _CLUSTER_SCHEMES
-from kvpool.remote.filestore import FileStore
+from kvpool.remote.cluster.nodes import SCHEMES as _CLUSTER_SCHEMES
+from kvpool.remote.cluster.store import RedisClusterStore
+from kvpool.remote.file.aio import AsyncFileStore
+from kvpool.remote.file.store import FileStore
 from kvpool.remote.header import EntryInfo
-from kvpool.remote.mooncakestore import MooncakeStore
-from kvpool.remote.rediscluster import RedisClusterStore
-from kvpool.remote.redisconfig import redact_url
-from kvpool.remote.redisstore import RedisStore
+from kvpool.remote.mooncake.store import MooncakeStore
+from kvpool.remote.redis.aio import AsyncRedisStore
+from kvpool.remote.redis.config import redact_url
+from kvpool.remote.redis.store import RedisStore
 
 __all__ = [
     "MAX_KEY_BYTES",

@@ -10,7 +10,7 @@ or the call was running in a thread - and leaves its connection either
 clean in the pool or closed, never out of step.
 
 :func:`offload` runs a blocking call in a thread (what
-:class:`~kvpool.remote.aiofile.AsyncFileStore` does: files have no
+:class:`~kvpool.remote.file.aio.AsyncFileStore` does: files have no
 readiness to wait for).  When the awaiting task is cancelled, the call
 still finishes in its thread and ``on_orphan`` receives its result (to
 free it).

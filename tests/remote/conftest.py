@@ -296,7 +296,7 @@ def redis_cluster() -> Iterator[RedisCluster]:
 @pytest.fixture
 def cluster_store(redis_cluster: RedisCluster) -> Iterator[RemoteStore]:
     """A RedisClusterStore with a key prefix of its own."""
-    from kvpool.remote.rediscluster import RedisClusterStore
+    from kvpool.remote.cluster.store import RedisClusterStore
 
     with RedisClusterStore(redis_cluster.url, prefix=f"t-{uuid.uuid4().hex[:12]}:") as s:
         yield s
@@ -324,7 +324,7 @@ def mooncake() -> Iterator[MooncakeDeployment]:
 @pytest.fixture(scope="session")
 def mooncake_client(mooncake: MooncakeDeployment) -> Iterator[object]:
     """One Mooncake client for the session (closing one takes about a second)."""
-    from kvpool.remote.mooncakestore import MooncakeStore
+    from kvpool.remote.mooncake.store import MooncakeStore
 
     with MooncakeStore(mooncake.master, metadata=mooncake.metadata) as owner:
         yield owner.client
@@ -333,7 +333,7 @@ def mooncake_client(mooncake: MooncakeDeployment) -> Iterator[object]:
 @pytest.fixture
 def mooncake_store(mooncake_client: object) -> Iterator[RemoteStore]:
     """A MooncakeStore on the session's client with a key prefix of its own."""
-    from kvpool.remote.mooncakestore import MooncakeStore
+    from kvpool.remote.mooncake.store import MooncakeStore
 
     with MooncakeStore(client=mooncake_client, prefix=f"t-{uuid.uuid4().hex[:12]}:") as s:
         yield s

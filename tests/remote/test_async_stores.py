@@ -295,7 +295,7 @@ def test_open_async_store(tmp_path: Path, redis_server: RedisServer) -> None:
 def test_async_file_store_on_the_loop_or_in_threads(
     tmp_path: Path, pool: kvpool.TensorMemoryAllocator, threads: int | None
 ) -> None:
-    from kvpool.remote.aiofile import on_tmpfs
+    from kvpool.remote.file.aio import on_tmpfs
 
     src = pool.allocate(KV_SHAPE, KV_DTYPE, KV_FMT)
     data = fill(src, 5)
@@ -315,7 +315,7 @@ def test_async_file_store_on_the_loop_or_in_threads(
 
 
 def test_tmpfs_detection(tmp_path: Path) -> None:
-    from kvpool.remote.aiofile import on_tmpfs
+    from kvpool.remote.file.aio import on_tmpfs
 
     if os.path.isdir("/dev/shm"):
         assert on_tmpfs("/dev/shm")

@@ -128,7 +128,7 @@ _CRASHING_WRITER = textwrap.dedent(
     """
     import os, signal, sys
     import torch, kvpool
-    import kvpool.remote.filestore as filestore
+    import kvpool.remote.file.store as filestore
 
     store = filestore.FileStore(sys.argv[1])
     pool = kvpool.TensorMemoryAllocator(torch.empty(1 << 20, dtype=torch.uint8))
@@ -636,7 +636,7 @@ def test_reader_reopens_when_its_file_was_swapped_out(
 ) -> None:
     import fcntl
 
-    import kvpool.remote.filestore as filestore
+    import kvpool.remote.file.store as filestore
 
     a, b, c = (_uniform(pool, v) for v in (1, 2, 3))
     file_store.put("k", a)

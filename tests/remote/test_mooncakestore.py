@@ -30,8 +30,8 @@ from kvpool.errors import (
     StoreTimeoutError,
 )
 from kvpool.remote import MooncakeStore, open_store
-from kvpool.remote import mooncakecodes as codes
 from kvpool.remote.header import encode_header, layout_for
+from kvpool.remote.mooncake import codes
 
 from .conftest import KV_DTYPE, KV_FMT, KV_SHAPE, assert_clean, fill
 from .mooncake_servers import LEASE_MS, MooncakeDeployment, start_mooncake

@@ -20,9 +20,9 @@ import torch
 import kvpool
 from kvpool.errors import InvalidArgumentError, RemoteStoreError, StoreConnectionError
 from kvpool.remote import RedisClusterStore, RedisStore, open_store
-from kvpool.remote.clustermap import SLOTS, key_slot
-from kvpool.remote.clusterroute import Redirect, parse_redirect
-from kvpool.remote.resp import ProtocolError
+from kvpool.remote.cluster.route import Redirect, parse_redirect
+from kvpool.remote.cluster.slots import SLOTS, key_slot
+from kvpool.remote.redis.resp import ProtocolError
 
 from .cluster_servers import RedisCluster, start_cluster
 from .conftest import KV_DTYPE, KV_FMT, KV_SHAPE, assert_clean, fill

@@ -14,8 +14,8 @@ import torch
 from kvpool.errors import CorruptEntryError, InvalidArgumentError
 from kvpool.formats import MemoryFormat
 from kvpool.remote import header as hdr
-from kvpool.remote.connection import RedisConnection
-from kvpool.remote.resp import Limits, ProtocolError, ServerClosed, parse_length
+from kvpool.remote.redis.connection import RedisConnection
+from kvpool.remote.redis.resp import Limits, ProtocolError, ServerClosed, parse_length
 
 SHAPES = [torch.Size([2, 4, 16, 32]), torch.Size([3]), torch.Size([])]
 DTYPES = [torch.float16, torch.int64, torch.float8_e4m3fn]

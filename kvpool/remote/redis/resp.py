@@ -3,7 +3,7 @@
 The reader never touches a socket.  Its methods are *generators* that
 parse what is in a small buffer and, when they need more, ``yield`` a
 request that the connection's driver serves (a thread's driver in
-:mod:`kvpool.remote.connection`, an event loop's in
+:mod:`kvpool.remote.redis.connection`, an event loop's in
 :mod:`kvpool.remote.aio`)::
 
     FILL             receive some bytes into the reader's buffer

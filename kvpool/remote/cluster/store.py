@@ -1,10 +1,10 @@
 """RedisClusterStore: entries in a Redis (or Valkey) Cluster, routed by slot to the owning master.
 
-Each key goes to the master that serves its slot (:mod:`kvpool.remote.clustermap`),
-over kvpool's own connections to that node (:class:`~kvpool.remote.connection.NodePool`),
+Each key goes to the master that serves its slot (:mod:`kvpool.remote.cluster.slots`),
+over kvpool's own connections to that node (:class:`~kvpool.remote.redis.connection.NodePool`),
 with exactly the entry format, commands and copy-free paths of the
-single-node :class:`~kvpool.remote.redisstore.RedisStore`
-(:mod:`kvpool.remote.rediswire`): ``SET`` of header + bytes sent from the
+single-node :class:`~kvpool.remote.redis.store.RedisStore`
+(:mod:`kvpool.remote.redis.wire`): ``SET`` of header + bytes sent from the
 object's memory, ``GET`` received straight into the new object.  An entry
 written by one store is read by the other, given the same key and prefix.
 
@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-import kvpool.remote.rediswire as wire
+import kvpool.remote.redis.wire as wire
 from kvpool.checks import check_bool
 from kvpool.errors import RemoteStoreError, StoreConnectionError
 from kvpool.formats import MemoryFormat
@@ -62,13 +62,13 @@ from kvpool.remote.base import (
     release,
     requested_layout,
 )
-from kvpool.remote.clustermap import Address, key_slot
-from kvpool.remote.clusternodes import ClusterNodes, resolve_cluster
-from kvpool.remote.clusterroute import ASKING, Lane, Redirect, read_routed
-from kvpool.remote.connection import now
+from kvpool.remote.cluster.nodes import ClusterNodes, resolve_cluster
+from kvpool.remote.cluster.route import ASKING, Lane, Redirect, read_routed
+from kvpool.remote.cluster.slots import Address, key_slot
 from kvpool.remote.header import EntryInfo, key_tag
-from kvpool.remote.rediscommon import DEFAULT_WINDOW, SMALL_WINDOW, RedisCommon, check_seconds
-from kvpool.remote.resp import DEFAULT_LIMITS, ErrorReply, Limits, ProtocolError, command
+from kvpool.remote.redis.common import DEFAULT_WINDOW, SMALL_WINDOW, RedisCommon, check_seconds
+from kvpool.remote.redis.connection import now
+from kvpool.remote.redis.resp import DEFAULT_LIMITS, ErrorReply, Limits, ProtocolError, command
 
 __all__ = ["RedisClusterStore"]
 
@@ -126,7 +126,7 @@ class RedisClusterStore(RemoteStore, RedisCommon):
         window: values in flight at once in a batched call, shared by the
             masters it reaches, each with at least one (None: about 512 KiB
             of values, as RedisStore).
-        limits: bounds on replies (:class:`~kvpool.remote.resp.Limits`).
+        limits: bounds on replies (:class:`~kvpool.remote.redis.resp.Limits`).
         io_threads: run the per-node groups of a batched call on this many
             threads (1: one group after the other, in the caller's thread).
         ping: read the slot map now, so an unreachable cluster fails here.

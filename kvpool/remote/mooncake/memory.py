@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-import kvpool.remote.mooncakecodes as codes
+import kvpool.remote.mooncake.codes as codes
 from kvpool.pool.interface import MemoryAllocatorInterface
 from kvpool.pool.objects import MemoryObj
 

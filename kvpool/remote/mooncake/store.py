@@ -52,7 +52,7 @@ removed (``OBJECT_HAS_LEASE``); a read of an entry being written answers
 
 Errors
 ------
-Mooncake's codes map to kvpool's errors (:mod:`kvpool.remote.mooncakecodes`):
+Mooncake's codes map to kvpool's errors (:mod:`kvpool.remote.mooncake.codes`):
 ``OBJECT_NOT_FOUND`` is ``None``/``False``, a stored entry larger than its
 header says is :class:`~kvpool.errors.CorruptEntryError`, an unreachable
 master or storage node :class:`~kvpool.errors.StoreConnectionError`, any
@@ -70,7 +70,7 @@ from typing import Any
 import numpy as np
 import torch
 
-import kvpool.remote.mooncakecodes as codes
+import kvpool.remote.mooncake.codes as codes
 from kvpool.checks import check_bool, check_keywords, check_seconds, keywords_of
 from kvpool.errors import (
     CorruptEntryError,
@@ -99,9 +99,9 @@ from kvpool.remote.base import (
     requested_layout,
 )
 from kvpool.remote.header import EntryInfo, Layout, decode_header, encode_header, layout_for
-from kvpool.remote.mooncakeclient import connect, import_mooncake, parse_url, split_host_port
-from kvpool.remote.mooncakemem import HeaderSlabs, PoolRegions, Slab
-from kvpool.remote.mooncakeops import FIRST_READ, Entry, read_header, rounds, write_entries
+from kvpool.remote.mooncake.client import connect, import_mooncake, parse_url, split_host_port
+from kvpool.remote.mooncake.memory import HeaderSlabs, PoolRegions, Slab
+from kvpool.remote.mooncake.ops import FIRST_READ, Entry, read_header, rounds, write_entries
 
 __all__ = ["MooncakeStore"]
 

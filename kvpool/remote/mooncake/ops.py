@@ -21,10 +21,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import kvpool.remote.mooncakecodes as codes
+import kvpool.remote.mooncake.codes as codes
 from kvpool.errors import CorruptEntryError, RemoteStoreError
 from kvpool.remote.header import FIXED_SIZE, EntryInfo, decode_header, peek_header_size
-from kvpool.remote.mooncakemem import HeaderSlabs, Slab
+from kvpool.remote.mooncake.memory import HeaderSlabs, Slab
 
 __all__ = ["FIRST_READ", "Entry", "read_header", "rounds", "write_entries"]
 

@@ -2,7 +2,7 @@
 
 Files have no readiness an event loop could wait for (a read of a regular
 file never returns "try again"), so each call of the underlying
-:class:`~kvpool.remote.filestore.FileStore` either
+:class:`~kvpool.remote.file.store.FileStore` either
 
 * runs *on the loop* (``threads=0``, the default for a directory on
   tmpfs such as /dev/shm): a call there is a memory copy that never waits
@@ -39,7 +39,7 @@ from kvpool.pool.interface import MemoryAllocatorInterface
 from kvpool.pool.objects import MemoryObj
 from kvpool.remote.aiobase import AsyncRemoteStore, offload
 from kvpool.remote.base import Key, discard
-from kvpool.remote.filestore import FileStore
+from kvpool.remote.file.store import FileStore
 from kvpool.remote.header import EntryInfo
 
 __all__ = ["AsyncFileStore", "on_tmpfs"]

@@ -95,7 +95,7 @@ from kvpool.remote.base import (
     release,
     requested_layout,
 )
-from kvpool.remote.fileio import (
+from kvpool.remote.file.io import (
     CLOEXEC,
     NOT_A_FILE,
     READ_FLAGS,
@@ -107,7 +107,7 @@ from kvpool.remote.fileio import (
     unsafe_file,
     write_all,
 )
-from kvpool.remote.fileio import exchange as _exchange
+from kvpool.remote.file.io import exchange as _exchange
 from kvpool.remote.header import (
     FLAG_PAYLOAD_CRC,
     EntryInfo,

@@ -1,9 +1,9 @@
 """RedisStore: entries in one Redis or Valkey server.
 
-The entry format and the commands are those of :mod:`kvpool.remote.rediswire`
+The entry format and the commands are those of :mod:`kvpool.remote.redis.wire`
 (one string key per entry: ``SET`` of header + bytes, ``GET`` read straight
 into the destination); the connections are kvpool's own
-(:mod:`kvpool.remote.connection`), opened with the ``redis`` client's
+(:mod:`kvpool.remote.redis.connection`), opened with the ``redis`` client's
 connection classes so that every URL option, ``AUTH``, ``SELECT`` and TLS
 work as they do in ``redis-py``.
 
@@ -17,7 +17,7 @@ How the bytes move:
   into it (only bytes that arrived together with the header, at most
   8 KiB, pass through a small buffer).  One copy, the kernel's.
 * The batched forms keep a bounded *window* of commands in flight on one
-  connection: about :data:`~kvpool.remote.rediscommon.WINDOW_BYTES` of
+  connection: about :data:`~kvpool.remote.redis.common.WINDOW_BYTES` of
   values (one 512 KiB entry, 64 entries of 8 KiB; or ``window`` commands
   when given) and :data:`SMALL_WINDOW` ``EXISTS``/``DEL`` commands, chosen
   by measurement (``kvpool bench --only remote_put_get``): deeper
@@ -63,9 +63,8 @@ from kvpool.remote.base import (
     release,
     requested_layout,
 )
-from kvpool.remote.connection import NodePool, now
 from kvpool.remote.header import EntryInfo
-from kvpool.remote.rediscommon import (
+from kvpool.remote.redis.common import (
     DEFAULT_WINDOW,
     DEL_KEYS,
     MAX_WINDOW,
@@ -76,7 +75,8 @@ from kvpool.remote.rediscommon import (
     check_seconds,
     check_window,
 )
-from kvpool.remote.resp import DEFAULT_LIMITS, Limits
+from kvpool.remote.redis.connection import NodePool, now
+from kvpool.remote.redis.resp import DEFAULT_LIMITS, Limits
 
 __all__ = [
     "DEFAULT_WINDOW",
@@ -113,7 +113,7 @@ class RedisStore(RemoteStore, RedisCommon):
             ``put(..., ttl=)`` overrides it per call.
         window: ``SET``/``GET`` commands in flight at once in the batched
             forms (None: about 512 KiB of values, see ``WINDOW_BYTES``).
-        limits: bounds on replies (see :class:`~kvpool.remote.resp.Limits`).
+        limits: bounds on replies (see :class:`~kvpool.remote.redis.resp.Limits`).
         ping: send ``PING`` now, so an unreachable server fails here.
 
     Raises:

@@ -3,10 +3,10 @@
 :class:`RedisCommon` validates the stores' options, resolves where they
 connect, names calls in messages, maps low-level errors to kvpool's and
 builds every call as a *plan*: a generator that yields the commands to
-send and the bytes it needs (:mod:`kvpool.remote.resp`).  A plan is the
+send and the bytes it needs (:mod:`kvpool.remote.redis.resp`).  A plan is the
 whole call - commands, replies, checks - without any I/O, so
-:class:`~kvpool.remote.redisstore.RedisStore` serves it with a blocking
-connection and :class:`~kvpool.remote.aioredis.AsyncRedisStore` with an
+:class:`~kvpool.remote.redis.store.RedisStore` serves it with a blocking
+connection and :class:`~kvpool.remote.redis.aio.AsyncRedisStore` with an
 event loop, and both behave the same byte for byte.
 
 Each ``*_plan`` method returns ``reader -> plan`` (the plan needs the
@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import kvpool.checks as checks
-import kvpool.remote.rediswire as wire
+import kvpool.remote.redis.wire as wire
 from kvpool.errors import (
     InvalidArgumentError,
     KVPoolError,
@@ -32,10 +32,10 @@ from kvpool.formats import MemoryFormat
 from kvpool.pool.interface import MemoryAllocatorInterface
 from kvpool.pool.objects import MemoryObj
 from kvpool.remote.base import Key, describe, key_bytes
-from kvpool.remote.connection import pipelined, redis_py_connector
 from kvpool.remote.header import Layout, encode_header, key_tag
-from kvpool.remote.redisconfig import Target, import_redis, resolve_target, scrub
-from kvpool.remote.resp import (
+from kvpool.remote.redis.config import Target, import_redis, resolve_target, scrub
+from kvpool.remote.redis.connection import pipelined, redis_py_connector
+from kvpool.remote.redis.resp import (
     ErrorReply,
     Limits,
     ProtocolError,

@@ -6,7 +6,7 @@ cluster router keeps one :class:`NodePool` per node):
 * :class:`RedisConnection` owns one socket.  ``send(parts, deadline)``
   writes a command whose parts may be memoryviews of pool memory with one
   ``sendmsg`` (no copy in Python); ``run(steps, deadline)`` serves a
-  reply parser of :mod:`kvpool.remote.resp`, which receives a value
+  reply parser of :mod:`kvpool.remote.redis.resp`, which receives a value
   straight into its destination (one ``recv_into`` with ``MSG_WAITALL``).
   Every wait is bounded by the call's *deadline* (a ``time.monotonic()``
   instant): a plain socket blocks in the kernel with ``SO_RCVTIMEO`` /
@@ -31,8 +31,8 @@ arrive unasked.
 
 Errors raised here are the low-level ones; the stores map them to
 kvpool's (with the server and key in the message): :class:`TimeoutError`
-(deadline passed), :class:`~kvpool.remote.resp.ServerClosed` and other
-:class:`OSError` (connection lost), :class:`~kvpool.remote.resp.ProtocolError`
+(deadline passed), :class:`~kvpool.remote.redis.resp.ServerClosed` and other
+:class:`OSError` (connection lost), :class:`~kvpool.remote.redis.resp.ProtocolError`
 (a reply broke the protocol).
 """
 
@@ -50,7 +50,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from kvpool.remote.resp import DEFAULT_LIMITS, Limits, Reader, Send, ServerClosed, Steps
+from kvpool.remote.redis.resp import DEFAULT_LIMITS, Limits, Reader, Send, ServerClosed, Steps
 
 __all__ = [
     "NodePool",
@@ -283,9 +283,9 @@ class RedisConnection:
     def run(self, steps: Steps, deadline: float) -> Any:
         """Serve the plan or reply parser ``steps`` until it returns; return its value.
 
-        ``steps`` yields what it needs (:mod:`kvpool.remote.resp`): bytes
+        ``steps`` yields what it needs (:mod:`kvpool.remote.redis.resp`): bytes
         into the reader's buffer, bytes straight into a view, or a
-        :class:`~kvpool.remote.resp.Send` of a command.
+        :class:`~kvpool.remote.redis.resp.Send` of a command.
 
         On any error the parser is closed first (so a destination it
         allocated is freed by its own cleanup), then the error propagates;

@@ -1,7 +1,7 @@
 """AsyncRedisStore: RedisStore for asyncio code, on the same plans and the same bytes path.
 
-Every call is the plan :class:`~kvpool.remote.rediscommon.RedisCommon`
-builds for :class:`~kvpool.remote.redisstore.RedisStore`; here the event
+Every call is the plan :class:`~kvpool.remote.redis.common.RedisCommon`
+builds for :class:`~kvpool.remote.redis.store.RedisStore`; here the event
 loop serves it (:class:`AsyncConnection`): the socket is non-blocking, a
 send is one ``sendmsg`` of the command with the object's memory as a
 memoryview (no copy), a value is received with ``recv_into`` straight
@@ -52,10 +52,10 @@ from kvpool.remote.base import (
     release,
     requested_layout,
 )
-from kvpool.remote.connection import RedisConnection
 from kvpool.remote.header import EntryInfo
-from kvpool.remote.rediscommon import DEFAULT_WINDOW, Plan, RedisCommon
-from kvpool.remote.resp import DEFAULT_LIMITS, Limits, Send, ServerClosed, Steps
+from kvpool.remote.redis.common import DEFAULT_WINDOW, Plan, RedisCommon
+from kvpool.remote.redis.connection import RedisConnection
+from kvpool.remote.redis.resp import DEFAULT_LIMITS, Limits, Send, ServerClosed, Steps
 
 __all__ = ["AsyncConnection", "AsyncNodePool", "AsyncRedisStore"]
 
@@ -76,7 +76,7 @@ def _expire(fut: asyncio.Future[None]) -> None:
 
 
 class AsyncConnection:
-    """A :class:`~kvpool.remote.connection.RedisConnection` served by the running event loop.
+    """A :class:`~kvpool.remote.redis.connection.RedisConnection` served by the running event loop.
 
     Not safe for two tasks at once (the pool gives each call its own).
 
@@ -341,7 +341,7 @@ class AsyncNodePool:
 
 
 class AsyncRedisStore(AsyncRemoteStore, RedisCommon):
-    """:class:`~.redisstore.RedisStore` for asyncio: the same options and calls, awaited.
+    """:class:`~kvpool.remote.redis.store.RedisStore` for asyncio: same options and calls, awaited.
 
     Args:
         url: a URL, a ``redis.Redis`` or ``redis.asyncio.Redis`` client, or

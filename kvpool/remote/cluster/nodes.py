@@ -3,10 +3,10 @@
 :func:`resolve_cluster` turns what the user gave (a ``redis-cluster://``
 URL, a list of seeds, a ``redis.cluster.RedisCluster``) into seed
 addresses and the connection options every node shares (password, TLS,
-timeouts: a :class:`~kvpool.remote.redisconfig.Target`, aimed at each node
+timeouts: a :class:`~kvpool.remote.redis.config.Target`, aimed at each node
 with ``with_address``).  :class:`ClusterNodes` keeps one
-:class:`~kvpool.remote.connection.NodePool` per node, opened on first use,
-and the current :class:`~kvpool.remote.clustermap.SlotMap`, read with
+:class:`~kvpool.remote.redis.connection.NodePool` per node, opened on first use,
+and the current :class:`~kvpool.remote.cluster.slots.SlotMap`, read with
 ``CLUSTER SLOTS`` from the first node that answers.
 """
 
@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
-import kvpool.remote.rediswire as wire
+import kvpool.remote.redis.wire as wire
 from kvpool.errors import (
     InvalidArgumentError,
     KVPoolError,
@@ -26,10 +26,10 @@ from kvpool.errors import (
     StoreConnectionError,
     StoreTimeoutError,
 )
-from kvpool.remote.clustermap import Address, SlotMap, parse_cluster_slots
-from kvpool.remote.connection import NodePool, redis_py_connector
-from kvpool.remote.redisconfig import Target, import_redis, redact_url, resolve_target
-from kvpool.remote.resp import Limits, command
+from kvpool.remote.cluster.slots import Address, SlotMap, parse_cluster_slots
+from kvpool.remote.redis.config import Target, import_redis, redact_url, resolve_target
+from kvpool.remote.redis.connection import NodePool, redis_py_connector
+from kvpool.remote.redis.resp import Limits, command
 
 __all__ = ["SCHEMES", "ClusterNodes", "resolve_cluster"]
 
@@ -85,7 +85,7 @@ def resolve_cluster(nodes: Any) -> tuple[list[Address], Any]:
         ``(seeds, node)``: ``node`` (a ``redis://`` URL with the cluster
         URL's credentials and options, or a ``redis.Redis`` client) carries
         the connection options every node shares; resolve it with
-        :func:`~kvpool.remote.redisconfig.resolve_target`.
+        :func:`~kvpool.remote.redis.config.resolve_target`.
 
     Raises:
         FeatureUnavailableError: the ``redis`` client is not installed.

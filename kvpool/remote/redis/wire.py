@@ -2,8 +2,8 @@
 
 Shared by every Redis-protocol store (single node, asyncio, cluster):
 each function builds the parts of one command or returns a reply parser
-(a generator of :mod:`kvpool.remote.resp`) for a
-:class:`~kvpool.remote.connection.RedisConnection` to send and serve.
+(a generator of :mod:`kvpool.remote.redis.resp`) for a
+:class:`~kvpool.remote.redis.connection.RedisConnection` to send and serve.
 
 The format
 ----------
@@ -61,7 +61,7 @@ from kvpool.remote.header import (
     layout_for,
     peek_header_size,
 )
-from kvpool.remote.resp import (
+from kvpool.remote.redis.resp import (
     CRLF,
     ErrorReply,
     ProtocolError,

@@ -4,7 +4,7 @@ A cluster node answers a command for a slot it does not serve with
 ``-MOVED <slot> <host>:<port>`` (the slot lives there now: update the map)
 or ``-ASK <slot> <host>:<port>`` (the slot is being migrated and this key
 is already there: send that one command to that node, preceded by
-``ASKING``).  The entry parsers of :mod:`kvpool.remote.rediswire` know
+``ASKING``).  The entry parsers of :mod:`kvpool.remote.redis.wire` know
 nothing of clusters; :func:`read_routed` runs in front of one of them:
 
 * it reads the reply's first line; a redirect is returned as a
@@ -28,8 +28,8 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any
 
-from kvpool.remote.clustermap import SLOTS, Address
-from kvpool.remote.resp import ProtocolError, Reader, Want, command
+from kvpool.remote.cluster.slots import SLOTS, Address
+from kvpool.remote.redis.resp import ProtocolError, Reader, Want, command
 
 __all__ = ["ASKING", "Lane", "Redirect", "asking_parts", "parse_redirect", "read_routed"]
 
@@ -82,7 +82,7 @@ def asking_parts(commands: list[list[Any]]) -> list[Any]:
 class _AfterOk:
     """A reader that consumes the ``+OK`` of an ``ASKING`` before each of ``count`` replies.
 
-    Every parser of :mod:`kvpool.remote.rediswire` starts each reply with
+    Every parser of :mod:`kvpool.remote.redis.wire` starts each reply with
     ``line()`` or ``reply()``; those are where the ``+OK`` comes first.
     """
 
@@ -177,7 +177,7 @@ class Lane:
     end-of-call marker (``PING <nonce>``), read after the last reply.
 
     Args:
-        conn: the connection (a :class:`~kvpool.remote.connection.RedisConnection`).
+        conn: the connection (a :class:`~kvpool.remote.redis.connection.RedisConnection`).
         count: commands to run.
         parts_of: ``j -> parts`` of command ``j`` (the marker included in the last).
         steps_of: ``j -> parser`` of reply ``j``.

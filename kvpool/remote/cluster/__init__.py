@@ -1,0 +1,9 @@
+"""A store in an existing Redis (or Valkey) Cluster, routed by slot on the Redis layers.
+
+``slots`` maps keys to masters, ``nodes`` keeps a connection pool per
+node, ``route`` reads MOVED/ASK redirects, ``store`` is the store.
+"""
+
+from kvpool.remote.cluster.store import RedisClusterStore
+
+__all__ = ["RedisClusterStore"]

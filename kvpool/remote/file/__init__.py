@@ -1,0 +1,10 @@
+"""Stores in a local directory: one file per entry (FileStore and its asyncio form).
+
+``store`` holds the store, ``io`` the file-system primitives it stands on,
+``aio`` the asyncio wrapper.
+"""
+
+from kvpool.remote.file.aio import AsyncFileStore
+from kvpool.remote.file.store import FileStore
+
+__all__ = ["AsyncFileStore", "FileStore"]

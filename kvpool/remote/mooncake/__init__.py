@@ -1,0 +1,10 @@
+"""A store in an existing Mooncake Store deployment, moving bytes straight from and into pools.
+
+``client`` makes Mooncake's client (URL, loading, setup), ``codes`` names
+its status codes, ``memory`` registers pool memory and header slots,
+``ops`` does the calls, ``store`` is the store.
+"""
+
+from kvpool.remote.mooncake.store import MooncakeStore
+
+__all__ = ["MooncakeStore"]
