@@ -1,7 +1,8 @@
 """The ``kvpool`` command line.
 
 One parser with a subcommand per job: ``demo`` (a verified put/get round
-trip, :mod:`kvpool.cli.demo`), ``info`` (the capability report with advice)
+trip, :mod:`kvpool.cli.demo`), ``info`` (the capability report with advice,
+:mod:`kvpool.cli.info`)
 and ``bench`` (the benchmark suite, :mod:`kvpool.cli.bench`).
 More are added by registering them in :data:`SUBCOMMANDS`::
 
@@ -19,13 +20,12 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
-import json
 import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["SUBCOMMANDS", "build_parser", "main", "run_info", "version"]
+__all__ = ["SUBCOMMANDS", "build_parser", "main", "version"]
 
 
 def version() -> str:
@@ -41,33 +41,10 @@ def version() -> str:
         return "unknown (not installed: pip install .)"
 
 
-def run_info(args: argparse.Namespace) -> int:
-    """Print the capability report (or JSON with ``--json``); return 0.
-
-    Returns 1, with the reason on stderr, when libpinmem cannot be loaded.
-    """
-    try:
-        from kvpool.native.machine import capabilities
-
-        caps = capabilities(probe_populate=True)
-    except ImportError as exc:
-        print(f"kvpool info: {exc}", file=sys.stderr)
-        return 1
-    if args.json:
-        print(json.dumps(caps.to_dict(), indent=2))
-    else:
-        print(caps.report())
-    return 0
-
-
 def _add_info(subparsers: Any) -> None:
-    p = subparsers.add_parser(
-        "info",
-        help="what this machine offers: CUDA, hugepages, NUMA, memlock, with advice",
-        description="Probe the machine and print what kvpool can use, with advice.",
-    )
-    p.add_argument("--json", action="store_true", help="print the probe as JSON")
-    p.set_defaults(func=run_info)
+    from kvpool.cli.info import add_parser
+
+    add_parser(subparsers)
 
 
 def _add_bench(subparsers: Any) -> None:
