@@ -59,12 +59,10 @@ class ViewLease(weakref.ref):  # type: ignore[type-arg]
         mv: a memoryview of the root (host memory), cached for ``byte_array``.
         raw: the allocation's tensor of its logical size, cached for
             ``raw_data``; None until first asked for.
-        label: the handle's repr, for the warning when views outlive it.
     """
 
     __slots__ = (
         "held",
-        "label",
         "mv",
         "offset",
         "page",
@@ -84,7 +82,6 @@ class ViewLease(weakref.ref):  # type: ignore[type-arg]
     root: Any
     mv: memoryview | None
     raw: torch.Tensor | None
-    label: str
 
     def __new__(cls, root: Any, *_: Any) -> ViewLease:
         return super().__new__(cls, root, _root_gone)
@@ -100,7 +97,6 @@ class ViewLease(weakref.ref):  # type: ignore[type-arg]
         self.root = root
         self.mv = None
         self.raw = None
-        self.label = ""
 
     def detach(self) -> bool:
         """Drop every strong reference this lease holds to the views (caller holds the lock).

@@ -482,6 +482,7 @@ class PagedTensorMemoryAllocator(PlacementPolicy):
                 self._unpin_listed_locked(memory_objs)
             queue = self._queue
             put = queue.append
+            before = len(queue)
             try:
                 if self.closed:  # every object of a closed pool is dead
                     for obj in memory_objs:
@@ -491,18 +492,21 @@ class PagedTensorMemoryAllocator(PlacementPolicy):
                 for obj in memory_objs:
                     if obj.owner is not self:  # type: ignore[attr-defined]
                         raise AttributeError
-                    if obj.valid and obj.lease is not None:  # type: ignore[attr-defined]
-                        viewed.append(obj)
-                for obj in memory_objs:
-                    if obj.owner is self and obj.valid:  # type: ignore[attr-defined]
+                    if obj.valid:  # type: ignore[attr-defined]
                         obj.valid = False  # type: ignore[attr-defined]
                         if obj.lease is None:  # type: ignore[attr-defined]
                             put(obj)  # type: ignore[arg-type]
-                    elif obj.owner is self:  # type: ignore[attr-defined]
+                        else:  # its page waits for the views (below)
+                            viewed.append(obj)
+                    else:
                         stale.append(obj)
             except AttributeError:
                 # Not ours (another pool's handle, or not a handle at all):
-                # nothing was freed yet; raise.
+                # undo this call's frees, so that nothing is freed, and raise.
+                while len(queue) > before:
+                    queue.pop().valid = True  # type: ignore[union-attr]
+                for done in viewed:
+                    done.valid = True  # type: ignore[attr-defined]
                 self._check_owned(obj)
                 raise
             # Handles with views: their pages wait for the views' leases.

@@ -324,7 +324,6 @@ class PlacementPolicy(MemoryAllocatorInterface):
         if lease is None:
             return False
         lease.held = True
-        lease.label = repr(obj)
         self._held_bytes += lease.phy
         self._held_count += 1
         alive = lease.detach()
