@@ -65,7 +65,7 @@ from kvpool.misuse import report, strict_mode
 from kvpool.pool.arena import Arena
 from kvpool.pool.handle import TensorMemoryObj
 from kvpool.pool.interface import MemoryAllocatorInterface
-from kvpool.pool.lease import ViewLease, open_device_lease, open_host_lease
+from kvpool.pool.lease import ViewLease, open_device_lease, open_host_lease, pool_array
 from kvpool.pool.monitor import PinMonitor, usage_listener
 from kvpool.pool.objects import MemoryObj
 
@@ -222,6 +222,8 @@ class PlacementPolicy(MemoryAllocatorInterface):
         self.buffer = arena.buffer
         self.base_address = arena.base_address
         self._view: memoryview | None = arena.view
+        # What host leases slice (kvpool.pool.lease); dropped with the view.
+        self._pool_bytes = pool_array(arena.view) if arena.view is not None else None
         #: The pool's one lock (contract: kvpool.pool.contract.HandleOwner).
         self.lock = lock
         #: True once closed, or in a forked child (contract: HandleOwner).
@@ -284,9 +286,9 @@ class PlacementPolicy(MemoryAllocatorInterface):
 
     def open_lease(self, handle: TensorMemoryObj) -> ViewLease:
         """The owner of ``handle``'s views (see :mod:`kvpool.pool.lease`); caller holds the lock."""
-        if self._view is not None:
+        if self._pool_bytes is not None:
             lease = open_host_lease(
-                self._view, handle.offset, handle.phy, handle.page, self._returns
+                self._pool_bytes, handle.offset, handle.phy, handle.page, self._returns
             )
         else:
             lease = open_device_lease(
@@ -611,7 +613,7 @@ class PlacementPolicy(MemoryAllocatorInterface):
                 lease.held = False
                 lease.detach()
             self._leases.clear()
-            self._view = None
+            self._view = self._pool_bytes = None
             self.buffer = torch.empty(0, dtype=torch.uint8, device=self.buffer.device)
             self._arena = None
             self._forget_memory_locked()

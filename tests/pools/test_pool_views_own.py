@@ -53,6 +53,11 @@ VIEWS = {
     "memoryview-slice": lambda obj: obj.byte_array[100:200],
     "numpy": lambda obj: np.asarray(obj.byte_array),
     "numpy-from-tensor": lambda obj: obj.tensor.numpy(),
+    # numpy collapses a slice's base to the last array in the chain: these
+    # must still keep the allocation (not only the pool) alive.
+    "numpy-slice": lambda obj: np.asarray(obj.byte_array)[64:],
+    "numpy-from-tensor-slice": lambda obj: obj.tensor.numpy().reshape(-1)[5:][::2],
+    "numpy-over-raw-data": lambda obj: obj.raw_data.numpy()[8:],
 }
 
 
