@@ -390,11 +390,9 @@ class PlacementPolicy(MemoryAllocatorInterface):
             f"pool has {capacity} bytes; it returned None (as when full). Use a larger pool "
             "or split the request"
         )
-        if strict_mode():
-            raise RequestTooLargeError(message)
-        if not self._said_too_large:
+        if strict_mode() or not self._said_too_large:  # warned once per pool
             self._said_too_large = True
-            logger.warning("%s (said once per pool)", message)
+            report(RequestTooLargeError, message)
 
     # -- ownership and pins ------------------------------------------------
 

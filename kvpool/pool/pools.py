@@ -22,9 +22,7 @@ pool adds none.
 from __future__ import annotations
 
 import contextlib
-import logging
 import math
-import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -41,7 +39,8 @@ from kvpool.errors import (
     RequestTooLargeError,
 )
 from kvpool.formats import MAX_LAYOUT_BYTES, MemoryFormat, format_hint
-from kvpool.misuse import strict_mode
+from kvpool.misuse import report, strict_mode
+from kvpool.native.limits import host_ram
 from kvpool.pool.backing import Backing
 from kvpool.pool.interface import MemoryAllocatorInterface, PoolStats
 from kvpool.pool.monitor import live_pools, register_pool
@@ -58,7 +57,6 @@ __all__ = [
     "live_pools",
 ]
 
-logger = logging.getLogger("kvpool")
 
 #: Formats a pool places in its own memory (BINARY_BUFFER goes to byte buffers).
 TENSOR_FORMATS = frozenset(
@@ -79,13 +77,6 @@ TENSOR_FORMATS = frozenset(
 BUFFER_MIN_COST = 64
 
 
-def _physical_memory() -> int:
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError):  # not reported by this system
-        return MAX_LAYOUT_BYTES
-
-
 class BufferAllocator(MemoryAllocatorInterface):
     """Objects over fresh Python ``bytearray``s (``BINARY_BUFFER``).
 
@@ -98,7 +89,7 @@ class BufferAllocator(MemoryAllocatorInterface):
     Attributes:
         max_bytes: the most bytes one call may allocate (a batch counts all
             its buffers, each at least :data:`BUFFER_MIN_COST` bytes): the
-            machine's physical memory, or what :meth:`bounded` was given.  A
+            machine's RAM (``MemTotal``), or what :meth:`bounded` was given.  A
             :class:`MemoryPool` that routes ``BINARY_BUFFER`` here
             (``MixedMemoryAllocator``) bounds it by its own size, so a byte
             buffer is never larger than the pool.
@@ -111,7 +102,7 @@ class BufferAllocator(MemoryAllocatorInterface):
     def __init__(self, device: str = "cpu") -> None:
         self.device = device
         #: The most bytes one call may allocate (see the class docstring).
-        self.max_bytes = _physical_memory()
+        self.max_bytes = host_ram() or MAX_LAYOUT_BYTES
         self._name = "BufferAllocator"
         self._said_too_large = False
 
@@ -162,11 +153,9 @@ class BufferAllocator(MemoryAllocatorInterface):
             f"{what} of {count} byte buffer(s) of {length} bytes from {self._name} can never "
             f"succeed: more than its bound of {self.max_bytes} bytes; it returned None"
         )
-        if strict_mode():
-            raise RequestTooLargeError(message)
-        if not self._said_too_large:
+        if strict_mode() or not self._said_too_large:  # warned once per allocator
             self._said_too_large = True
-            logger.warning("%s (said once per allocator)", message)
+            report(RequestTooLargeError, message)
         return False
 
     @staticmethod

@@ -297,20 +297,6 @@ def destination(
     return obj, view
 
 
-def check_allocator(allocator: object) -> None:
-    """Validate the ``allocator`` argument of a ``get`` before any I/O.
-
-    Raises:
-        InvalidArgumentError: ``allocator`` has no callable ``allocate``
-            (e.g. a pool's object, a tensor or a store passed by mistake).
-    """
-    if not callable(getattr(allocator, "allocate", None)):
-        raise InvalidArgumentError(
-            f"allocator must be a kvpool/LMCache memory allocator (with an allocate() "
-            f"method), got {type(allocator).__name__}; pass the pool to read into"
-        )
-
-
 def requested_layout(
     shapes: torch.Size | Sequence[torch.Size] | None,
     dtypes: torch.dtype | Sequence[torch.dtype] | None,
@@ -332,6 +318,30 @@ def requested_layout(
         layout = layout_for(shape_list, dtype_list)
         remember(shapes, dtypes, layout)
     return layout
+
+
+def get_request(
+    allocator: object,
+    shapes: torch.Size | Sequence[torch.Size] | None,
+    dtypes: torch.dtype | Sequence[torch.dtype] | None,
+    fmt: object,
+) -> tuple[Layout | None, MemoryFormat | None]:
+    """Validate the arguments every ``get``/``batched_get`` takes, before any I/O.
+
+    Returns:
+        ``(layout, fmt)``: the requested layout and format (None: as stored).
+
+    Raises:
+        InvalidArgumentError: ``allocator`` has no callable ``allocate`` (a
+            pool's object, a tensor or a store passed by mistake), or a bad
+            layout or format (see :func:`requested_layout`, :func:`check_format`).
+    """
+    if not callable(getattr(allocator, "allocate", None)):
+        raise InvalidArgumentError(
+            f"allocator must be a kvpool/LMCache memory allocator (with an allocate() "
+            f"method), got {type(allocator).__name__}; pass the pool to read into"
+        )
+    return requested_layout(shapes, dtypes), check_format(fmt)
 
 
 def check_format(fmt: object) -> MemoryFormat | None:

@@ -52,15 +52,13 @@ from kvpool.pool.objects import MemoryObj
 from kvpool.remote.base import (
     Key,
     RemoteStore,
-    check_allocator,
-    check_format,
     check_pairs,
     discard,
+    get_request,
     hold,
     key_bytes,
     key_list,
     release,
-    requested_layout,
 )
 from kvpool.remote.cluster.nodes import ClusterNodes, resolve_cluster
 from kvpool.remote.cluster.route import ASKING, Lane, Redirect, read_routed
@@ -448,9 +446,7 @@ class RedisClusterStore(RemoteStore, RedisCommon):
         """
         kbs = key_list(keys)
         self._check_open()
-        check_allocator(allocator)
-        layout = requested_layout(shapes, dtypes)
-        fmt = check_format(fmt)
+        layout, fmt = get_request(allocator, shapes, dtypes, fmt)
         if not kbs:
             return []
         rkeys = self._rkeys(kbs)

@@ -84,16 +84,14 @@ from kvpool.pool.objects import MemoryObj
 from kvpool.remote.base import (
     Key,
     RemoteStore,
-    check_allocator,
-    check_format,
     check_stored,
     describe,
     destination,
     discard,
+    get_request,
     hold,
     key_bytes,
     release,
-    requested_layout,
 )
 from kvpool.remote.file.io import (
     CLOEXEC,
@@ -410,9 +408,7 @@ class FileStore(RemoteStore):
         """
         kb = key_bytes(key)
         self._check_open()
-        check_allocator(allocator)
-        layout = requested_layout(shapes, dtypes)
-        fmt = check_format(fmt)
+        layout, fmt = get_request(allocator, shapes, dtypes, fmt)
         fd = self._open_entry(kb, "get")
         if fd is None:
             return None

@@ -85,18 +85,16 @@ from kvpool.pool.objects import MemoryObj
 from kvpool.remote.base import (
     Key,
     RemoteStore,
-    check_allocator,
-    check_format,
     check_pairs,
     check_stored,
     describe,
     destination,
     discard,
+    get_request,
     hold,
     key_bytes,
     key_list,
     release,
-    requested_layout,
 )
 from kvpool.remote.header import EntryInfo, Layout, decode_header, encode_header, layout_for
 from kvpool.remote.mooncake.client import connect, import_mooncake, parse_url, split_host_port
@@ -348,9 +346,7 @@ class MooncakeStore(RemoteStore):
         """
         kbs = key_list(keys)
         self._check_open()
-        check_allocator(allocator)
-        layout = requested_layout(shapes, dtypes)
-        fmt = check_format(fmt)
+        layout, fmt = get_request(allocator, shapes, dtypes, fmt)
         out: list[MemoryObj | None] = [None] * len(kbs)
         if not kbs:
             return out

@@ -42,15 +42,13 @@ from kvpool.pool.objects import MemoryObj
 from kvpool.remote.aiobase import AsyncRemoteStore, offload
 from kvpool.remote.base import (
     Key,
-    check_allocator,
-    check_format,
     check_pairs,
     discard,
+    get_request,
     hold,
     key_bytes,
     key_list,
     release,
-    requested_layout,
 )
 from kvpool.remote.header import EntryInfo
 from kvpool.remote.redis.common import DEFAULT_WINDOW, Plan, RedisCommon
@@ -455,9 +453,7 @@ class AsyncRedisStore(AsyncRemoteStore, RedisCommon):
         """Read ``key`` into a new object with one ``GET`` (see :meth:`RedisStore.get`)."""
         kb = key_bytes(key)
         self._check_open()
-        check_allocator(allocator)
-        layout = requested_layout(shapes, dtypes)
-        fmt = check_format(fmt)
+        layout, fmt = get_request(allocator, shapes, dtypes, fmt)
         return await self._call("get", kb, self._get_plan(kb, allocator, layout, fmt))  # type: ignore[no-any-return]
 
     async def batched_get(
@@ -471,9 +467,7 @@ class AsyncRedisStore(AsyncRemoteStore, RedisCommon):
         """``get`` for each key, pipelined in windows (see :meth:`RedisStore.batched_get`)."""
         kbs = key_list(keys)
         self._check_open()
-        check_allocator(allocator)
-        layout = requested_layout(shapes, dtypes)
-        fmt = check_format(fmt)
+        layout, fmt = get_request(allocator, shapes, dtypes, fmt)
         if not kbs:
             return []
         out: list[MemoryObj | None] = []

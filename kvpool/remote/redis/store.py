@@ -53,15 +53,13 @@ from kvpool.pool.objects import MemoryObj
 from kvpool.remote.base import (
     Key,
     RemoteStore,
-    check_allocator,
-    check_format,
     check_pairs,
     discard,
+    get_request,
     hold,
     key_bytes,
     key_list,
     release,
-    requested_layout,
 )
 from kvpool.remote.header import EntryInfo
 from kvpool.remote.redis.common import (
@@ -279,9 +277,7 @@ class RedisStore(RemoteStore, RedisCommon):
         """
         kb = key_bytes(key)
         self._check_open()
-        check_allocator(allocator)
-        layout = requested_layout(shapes, dtypes)
-        fmt = check_format(fmt)
+        layout, fmt = get_request(allocator, shapes, dtypes, fmt)
         return self._call("get", kb, self._get_plan(kb, allocator, layout, fmt))  # type: ignore[no-any-return]
 
     def batched_get(
@@ -302,9 +298,7 @@ class RedisStore(RemoteStore, RedisCommon):
         """
         kbs = key_list(keys)
         self._check_open()
-        check_allocator(allocator)
-        layout = requested_layout(shapes, dtypes)
-        fmt = check_format(fmt)
+        layout, fmt = get_request(allocator, shapes, dtypes, fmt)
         if not kbs:
             return []
         out: list[MemoryObj | None] = []
