@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+import kvpool.native.limits as limits
 import kvpool.pool.extent
 import kvpool.pool.paged  # noqa: F401 - registers the paged policy
 from kvpool.checks import check_batch_size, check_bool, check_int, check_power_of_two, check_size
@@ -40,7 +41,6 @@ from kvpool.errors import (
 )
 from kvpool.formats import MAX_LAYOUT_BYTES, MemoryFormat, format_hint
 from kvpool.misuse import report, strict_mode
-from kvpool.native.limits import host_ram
 from kvpool.pool.backing import Backing
 from kvpool.pool.interface import MemoryAllocatorInterface, PoolStats
 from kvpool.pool.monitor import live_pools, register_pool
@@ -50,6 +50,7 @@ from kvpool.pool.policy import PlacementPolicy, PlacementSpec, check_object_list
 
 __all__ = [
     "BUFFER_MIN_COST",
+    "BUFFER_ROOM_CHECK",
     "TENSOR_FORMATS",
     "BufferAllocator",
     "MemoryPool",
@@ -75,6 +76,10 @@ TENSOR_FORMATS = frozenset(
 #: What one byte buffer counts at least against a :class:`BufferAllocator`'s
 #: bound (its Python objects), so that a batch of empty buffers is bounded too.
 BUFFER_MIN_COST = 64
+
+#: Byte-buffer requests from this size up are checked against the memory
+#: that can still be made resident (:func:`kvpool.native.limits.headroom`).
+BUFFER_ROOM_CHECK = 64 << 20
 
 
 class BufferAllocator(MemoryAllocatorInterface):
@@ -102,7 +107,7 @@ class BufferAllocator(MemoryAllocatorInterface):
     def __init__(self, device: str = "cpu") -> None:
         self.device = device
         #: The most bytes one call may allocate (see the class docstring).
-        self.max_bytes = host_ram() or MAX_LAYOUT_BYTES
+        self.max_bytes = limits.host_ram() or MAX_LAYOUT_BYTES
         self._name = "BufferAllocator"
         self._said_too_large = False
 
@@ -145,9 +150,18 @@ class BufferAllocator(MemoryAllocatorInterface):
         return dims[0]
 
     def _fits(self, length: int, count: int, what: str) -> bool:
-        """True when ``count`` buffers of ``length`` bytes are within the bound."""
+        """True when ``count`` buffers of ``length`` bytes are within the bound.
+
+        Raises:
+            MemoryLimitError: a request of :data:`BUFFER_ROOM_CHECK` bytes or
+                more does not fit in what can be made resident now (a memory
+                cgroup, the host's available RAM), so it is refused before
+                Python zeroes it and the kernel kills the process.
+        """
         cost = max(length, BUFFER_MIN_COST) * count
         if cost <= self.max_bytes:
+            if cost >= BUFFER_ROOM_CHECK:  # big: would it fit now? (a few file reads)
+                limits.headroom().check(cost, f"{what} of {count} byte buffer(s) of {length} bytes")
             return True
         message = (
             f"{what} of {count} byte buffer(s) of {length} bytes from {self._name} can never "
@@ -182,6 +196,8 @@ class BufferAllocator(MemoryAllocatorInterface):
         Raises:
             InvalidArgumentError: the shape does not start with a length >= 0,
                 or describes more than int64 elements.
+            MemoryLimitError: a large buffer does not fit in the memory left
+                (cgroup or host; an ``OutOfMemoryError``).
             OutOfMemoryError: the machine has no memory for it.
         """
         n = self._length(shapes)
@@ -201,7 +217,8 @@ class BufferAllocator(MemoryAllocatorInterface):
 
         Raises:
             InvalidArgumentError: bad shape or batch size.
-            OutOfMemoryError: the machine has no memory for them.
+            OutOfMemoryError: the machine has no memory for them (MemoryLimitError:
+                large buffers that do not fit in the memory left).
         """
         n = self._length(shapes)
         check_batch_size(batch_size)

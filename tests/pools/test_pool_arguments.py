@@ -20,7 +20,7 @@ from pool_helpers import KV_BYTES, KV_DTYPE, KV_FMT, KV_SHAPE, MIB, paged_kwargs
 
 import kvpool
 from kvpool import MemoryFormat
-from kvpool.errors import ArgumentTypeError, RequestTooLargeError
+from kvpool.errors import ArgumentTypeError, MemoryLimitError, RequestTooLargeError
 from kvpool.pool.backing import TorchBacking
 from kvpool.pool.policy import PlacementSpec
 
@@ -89,6 +89,19 @@ def test_a_standalone_buffer_allocator_takes_a_bound(lenient) -> None:
     for bad in (0, -1, "4096", None):
         with pytest.raises(kvpool.InvalidArgumentError):
             kvpool.BufferAllocator.bounded(bad)
+
+
+def test_a_buffer_larger_than_the_memory_left_is_refused_before_it_is_made() -> None:
+    # All of RAM is within the standalone bound, but never available: the
+    # request is refused by the limit check, not zeroed until the kernel kills us.
+    alone = kvpool.BufferAllocator()
+    ram = alone.max_bytes
+    for call in (
+        lambda: alone.allocate(torch.Size([ram]), torch.uint8),
+        lambda: alone.batched_allocate(torch.Size([ram // 2]), torch.uint8, 2),
+    ):
+        with pytest.raises(MemoryLimitError, match=r"byte buffer.*left"):
+            call()
 
 
 # -- messages -------------------------------------------------------------------
