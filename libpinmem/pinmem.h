@@ -49,7 +49,7 @@ extern "C" {
 
 /* PINMEM_CDEF_BEGIN */
 
-#define PINMEM_VERSION 3
+#define PINMEM_VERSION 4
 #define PINMEM_MAX_NUMA_NODES 1024
 #define PINMEM_MAX_HUGEPAGE_SIZES 8
 #define PINMEM_PATH_MAX 512
@@ -139,8 +139,8 @@ typedef enum pinmem_populate_method {
  * library never prints).
  *
  *   PINMEM_OPT_POPULATE_THREADS      KVPOOL_POPULATE_THREADS       0 = auto: the
- *        populate plan's count (the probe's choice, else the CPUs in the
- *        affinity mask, at most 16).  Threads used to populate a mapping.
+ *        populate plan's count (the CPUs in the affinity mask, at most 16).
+ *        Threads used to populate a mapping.
  *   PINMEM_OPT_REGISTER_CHUNK        KVPOOL_REGISTER_CHUNK_BYTES   64 GiB.
  *        Largest single cudaHostRegister call.
  *   PINMEM_OPT_REGISTER_THRESHOLD    KVPOOL_REGISTER_THRESHOLD_BYTES 512 GiB.
@@ -171,8 +171,8 @@ typedef enum pinmem_populate_method {
  *        one write per page from user space (first touch).
  *   PINMEM_OPT_POPULATE_PROBE        KVPOOL_POPULATE_PROBE         1.  1 = before
  *        the first population of at least PINMEM_PROBE_MIN_BYTES whose method
- *        or thread count is auto, measure both methods and the thread counts
- *        on a small fresh mapping, once per process (see
+ *        is auto, measure both methods on small fresh mappings, once per
+ *        process (see
  *        pinmem_populate_probe); 0 = never probe: the rule decides.
  *
  * Sizes accept binary suffixes: "64M", "2G", "1GiB"; numbers may be
@@ -219,25 +219,25 @@ typedef struct pinmem_option_info {
  * The probe (pinmem_populate_probe) maps, populates and unmaps a few small
  * fresh mappings of 4 KiB pages: MADV_POPULATE_WRITE and first touch with
  * one thread, alternated (best of three each, so a burst of load on a
- * shared machine hits both), then the faster method with more threads (1,
- * half the CPUs when >= 4, all CPUs up to 16).  It touches about 150 MiB
- * (more with many CPUs) and costs 50-100 ms on 2 CPUs, once per process;
- * its facts are kept.
+ * shared machine hits both).  It touches 48 MiB and costs about 15-30 ms
+ * on 2 CPUs, once per process; its facts are kept.
  *
  * pinmem_populate_decide turns facts into a plan (a pure function; tests
  * feed it made-up facts):
  *   - method: first touch when the kernel lacks MADV_POPULATE_WRITE, or when
  *     the probe measured first touch more than 25% faster; else
  *     MADV_POPULATE_WRITE (it never writes from user space, so it also
- *     suits memory that holds data);
- *   - threads: without a probe, the CPUs this process may use (at most 16);
- *     with one, the largest count whose rate times 1.25 reaches the
- *     fastest (with slices taken one by one an extra thread that does not
- *     help costs little, and a probe of milliseconds on a loaded machine
- *     sees scaling only roughly).
- *   The 25% margins come from measurements on a shared 2-CPU VM: madvise
- *   was faster per thread in every run (1.2-1.6x), while single probes
- *   under load picked first touch or one thread by chance.
+ *     suits memory that holds data).  The 25% margin comes from
+ *     measurements on a shared 2-CPU VM: madvise was faster per thread in
+ *     every run (1.2-1.6x), while single probes under load picked first
+ *     touch by chance;
+ *   - threads: the CPUs this process may use, at most 16, whatever was
+ *     measured.  A probe cheap enough to run before a pool misjudges
+ *     threads: on a 2-vCPU VM the second thread of a 32 MiB probe starts
+ *     its work milliseconds late and came out 1.65x slower than one
+ *     thread, while mappings of 128 MiB and more populated 1.6-1.9x faster
+ *     with both.  PINMEM_OPT_MIN_THREAD_BYTES keeps small mappings on
+ *     fewer threads.
  * Every population then splits its range into slices (2 MiB aligned) that
  * the threads take one by one, so a thread slowed by other load on its CPU
  * does less of the work instead of holding everyone up.
@@ -249,7 +249,6 @@ typedef struct pinmem_option_info {
  * effect and where each part of it came from.
  */
 #define PINMEM_PROBE_MIN_BYTES 1073741824 /* 1 GiB */
-#define PINMEM_PROBE_STEPS 4
 
 /* Where a part of the plan came from. */
 typedef enum pinmem_plan_source {
@@ -265,9 +264,6 @@ typedef struct pinmem_populate_facts {
     int cpus;                   /* CPUs this process may run on */
     double madvise_gbps;        /* MADV_POPULATE_WRITE, 1 thread (0 if not measured) */
     double touch_gbps;          /* one write per page, 1 thread */
-    int thread_steps;           /* entries below */
-    int thread_count[PINMEM_PROBE_STEPS];  /* counts tried, ascending, with the faster method */
-    double thread_gbps[PINMEM_PROBE_STEPS];
     double seconds;             /* what the probe cost */
     uint64_t bytes;             /* memory it made resident */
 } pinmem_populate_facts;

@@ -1,6 +1,6 @@
 /* The populate plan: a one-time probe of how fast this machine makes fresh
- * memory resident (method, thread counts), the rule that turns its facts
- * into a plan, and the options applied on top. */
+ * memory resident (which method), the rule that turns its facts into a
+ * plan, and the options applied on top. */
 #include "internal.h"
 
 #include <errno.h>
@@ -10,14 +10,11 @@
 #include <time.h>
 
 #define PM_PROBE_METHOD_BYTES ((size_t)8 << 20)
-#define PM_PROBE_THREAD_BYTES ((size_t)8 << 20) /* per thread, at least 32 MiB in all */
 #define PM_RULE_MAX_THREADS 16
 #define PM_PROBE_ROUNDS 3
-/* First touch must beat MADV_POPULATE_WRITE by this much to be chosen, and
- * more threads are taken unless they are slower by more than this: on a
- * shared machine a probe of milliseconds is noisy, madvise was the faster
- * method in every measured run here (1.2-1.6x per thread), and with slices
- * taken one by one an extra thread that does not help costs little. */
+/* First touch must beat MADV_POPULATE_WRITE by this much to be chosen: on
+ * a shared machine a probe of milliseconds is noisy, and madvise was the
+ * faster method in every measured run here (1.2-1.6x per thread). */
 #define PM_PROBE_MARGIN 1.25
 
 /* The probe's facts, guarded by pm_probe_lock (held while probing, so a
@@ -87,36 +84,6 @@ static void pm_probe_methods(pinmem_populate_facts *f)
     f->touch_gbps = touch;
 }
 
-static void pm_probe_threads(pinmem_populate_facts *f, int method)
-{
-    int cap = pm_rule_threads(f->cpus);
-    int counts[PINMEM_PROBE_STEPS];
-    int n = 0;
-    counts[n++] = 1;
-    if (cap >= 4)
-        counts[n++] = cap / 2;
-    if (cap > 1)
-        counts[n++] = cap;
-    f->thread_steps = n;
-    for (int i = 0; i < n; i++) {
-        f->thread_count[i] = counts[i];
-        if (counts[i] == 1) {
-            f->thread_gbps[i] =
-                method == PINMEM_POPULATE_MADVISE ? f->madvise_gbps : f->touch_gbps;
-            continue;
-        }
-        size_t bytes = (size_t)counts[i] * PM_PROBE_THREAD_BYTES;
-        if (bytes < ((size_t)32 << 20))
-            bytes = (size_t)32 << 20;
-        double best = 0.0;
-        for (int round = 0; round < PM_PROBE_ROUNDS; round++) {
-            double r = pm_probe_sample(bytes, method, counts[i], &f->bytes);
-            best = r > best ? r : best;
-        }
-        f->thread_gbps[i] = best;
-    }
-}
-
 /* Called with pm_probe_lock held. */
 static void pm_probe_run_locked(void)
 {
@@ -127,9 +94,6 @@ static void pm_probe_run_locked(void)
     double start = pm_now();
     pm_probe_methods(&f);
     f.probed = 1;
-    pinmem_populate_plan plan;
-    pinmem_populate_decide(&f, &plan);
-    pm_probe_threads(&f, plan.method);
     f.seconds = pm_now() - start;
     pm_probe_facts = f;
 }
@@ -164,14 +128,8 @@ PINMEM_API int pinmem_populate_probe(int run, pinmem_populate_facts *out)
 
 static int pm_facts_check(const pinmem_populate_facts *f)
 {
-    if (f->thread_steps < 0 || f->thread_steps > PINMEM_PROBE_STEPS)
-        return pm_fail(PINMEM_EINVAL, 0, "thread_steps must be 0..%d, got %d",
-                       PINMEM_PROBE_STEPS, f->thread_steps);
-    for (int i = 0; i < f->thread_steps; i++)
-        if (f->thread_count[i] < 1 || f->thread_count[i] > 1024 || !(f->thread_gbps[i] >= 0.0))
-            return pm_fail(PINMEM_EINVAL, 0,
-                           "thread step %d: count %d must be 1..1024 and its rate >= 0", i,
-                           f->thread_count[i]);
+    if (f->cpus < 0)
+        return pm_fail(PINMEM_EINVAL, 0, "cpus must be >= 0, got %d", f->cpus);
     if (!(f->madvise_gbps >= 0.0) || !(f->touch_gbps >= 0.0))
         return pm_fail(PINMEM_EINVAL, 0, "rates must be >= 0");
     return PINMEM_OK;
@@ -193,23 +151,13 @@ PINMEM_API int pinmem_populate_decide(const pinmem_populate_facts *f, pinmem_pop
     } else if (f->probed && f->touch_gbps > f->madvise_gbps * PM_PROBE_MARGIN) {
         out->method = PINMEM_POPULATE_FIRST_TOUCH;
     }
+    /* Threads by rule, never by the probe.  A probe small enough to be
+     * cheap misjudges them: on a 2-vCPU VM a second thread starts its work
+     * milliseconds late (an idle vCPU has to be woken), so 32 MiB came out
+     * 1.65x slower with 2 threads than with 1, while 128 MiB and more, the
+     * sizes that matter, were 1.6-1.9x faster and a 4 GiB pool 1.8x. */
     out->threads = pm_rule_threads(f->cpus);
     out->threads_source = PINMEM_PLAN_RULE;
-    if (f->probed && f->thread_steps > 0) {
-        double best = 0.0;
-        for (int i = 0; i < f->thread_steps; i++)
-            best = f->thread_gbps[i] > best ? f->thread_gbps[i] : best;
-        if (best > 0.0) {
-            /* The most threads not slower than the fastest count by more
-             * than the margin. */
-            int pick = 0;
-            for (int i = 0; i < f->thread_steps; i++)
-                if (f->thread_gbps[i] * PM_PROBE_MARGIN >= best && f->thread_count[i] > pick)
-                    pick = f->thread_count[i];
-            out->threads = pick;
-            out->threads_source = PINMEM_PLAN_PROBE;
-        }
-    }
     return PINMEM_OK;
 }
 
@@ -232,11 +180,6 @@ static void pm_plan_apply_options(pinmem_populate_plan *plan, int requested)
     }
 }
 
-static int pm_plan_auto(int requested)
-{
-    return requested <= 0 && pm_opt(PINMEM_OPT_POPULATE_THREADS) == 0;
-}
-
 PINMEM_API int pinmem_populate_plan_get(pinmem_populate_plan *out)
 {
     if (out == NULL)
@@ -252,8 +195,7 @@ void pm_plan_resolve(size_t len, int requested, int *method, int *threads)
 {
     int method_auto = pm_opt(PINMEM_OPT_POPULATE_METHOD) == 0 &&
                       pm_opt(PINMEM_OPT_USE_POPULATE_WRITE) && pm_populate_write_supported();
-    int probe = pm_opt(PINMEM_OPT_POPULATE_PROBE) && len >= PINMEM_PROBE_MIN_BYTES &&
-                (method_auto || pm_plan_auto(requested));
+    int probe = pm_opt(PINMEM_OPT_POPULATE_PROBE) && len >= PINMEM_PROBE_MIN_BYTES && method_auto;
     pinmem_populate_facts f;
     pm_facts_now(probe ? 1 : 0, &f);
     pinmem_populate_plan plan;

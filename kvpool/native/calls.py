@@ -426,7 +426,6 @@ class PopulateFacts:
         cpus: CPUs this process may run on.
         madvise_gbps: MADV_POPULATE_WRITE, one thread (0.0 if not measured).
         touch_gbps: one write per page, one thread.
-        threads: ``(count, GB/s)`` per thread count tried with the faster method.
         seconds: what the probe cost.
         bytes: memory it made resident (and gave back).
     """
@@ -436,7 +435,6 @@ class PopulateFacts:
     cpus: int
     madvise_gbps: float = 0.0
     touch_gbps: float = 0.0
-    threads: tuple[tuple[int, float], ...] = ()
     seconds: float = 0.0
     bytes: int = 0
 
@@ -447,7 +445,8 @@ class PopulatePlan:
 
     Attributes:
         method: ``"madvise"`` (MADV_POPULATE_WRITE) or ``"first-touch"``.
-        threads: threads for a mapping of 1 GiB (``PINMEM_PROBE_MIN_BYTES``) or more.
+        threads: threads for a mapping of 1 GiB (``PINMEM_PROBE_MIN_BYTES``) or more
+            (the rule: usable CPUs, at most 16, unless an option says otherwise).
         method_source, threads_source: ``"rule"``, ``"probe"`` or ``"option"``.
     """
 
@@ -464,9 +463,6 @@ def _facts(f: Any) -> PopulateFacts:
         cpus=int(f.cpus),
         madvise_gbps=float(f.madvise_gbps),
         touch_gbps=float(f.touch_gbps),
-        threads=tuple(
-            (int(f.thread_count[i]), float(f.thread_gbps[i])) for i in range(f.thread_steps)
-        ),
         seconds=float(f.seconds),
         bytes=int(f.bytes),
     )
@@ -504,8 +500,8 @@ def populate_decide(facts: PopulateFacts) -> PopulatePlan:
     A pure function: tests and callers may pass made-up facts.
 
     Raises:
-        InvalidArgumentError: facts out of range (more than 4 thread steps,
-            a count outside 1..1024, a negative rate).
+        InvalidArgumentError: facts out of range (a CPU count outside
+            0..2**20, a negative or NaN rate).
     """
     if not isinstance(facts, PopulateFacts):
         raise errors.InvalidArgumentError(
@@ -514,18 +510,9 @@ def populate_decide(facts: PopulateFacts) -> PopulatePlan:
     f = ffi.new("pinmem_populate_facts *")
     f.probed = 1 if facts.probed else 0
     f.populate_write = 1 if facts.populate_write else 0
-    f.cpus = facts.cpus
+    f.cpus = check_int("facts.cpus", facts.cpus, low=0, high=1 << 20)
     f.madvise_gbps = facts.madvise_gbps
     f.touch_gbps = facts.touch_gbps
-    steps = len(facts.threads)
-    if steps > lib.PINMEM_PROBE_STEPS:
-        raise errors.InvalidArgumentError(
-            f"facts.threads has {steps} steps; libpinmem takes at most {lib.PINMEM_PROBE_STEPS}"
-        )
-    f.thread_steps = steps
-    for i, (count, gbps) in enumerate(facts.threads):
-        f.thread_count[i] = count
-        f.thread_gbps[i] = gbps
     out = ffi.new("pinmem_populate_plan *")
     check(lib.pinmem_populate_decide(f, out), "decide the populate plan")
     return _plan(out)

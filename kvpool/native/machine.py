@@ -227,11 +227,10 @@ class Capabilities:
         ]
         facts = self.populate_probe
         if facts:
-            per_count = ", ".join(f"{n}: {gbps:.2f}" for n, gbps in facts["threads"])
             madvise = f"{facts['madvise_gbps']:.2f}" if facts["populate_write"] else "n/a"
             lines.append(
                 f"    probe: 1 thread madvise {madvise} vs first touch {facts['touch_gbps']:.2f} "
-                f"GB/s; by threads {per_count} GB/s; cost {facts['seconds'] * 1e3:.0f} ms"
+                f"GB/s; cost {facts['seconds'] * 1e3:.0f} ms (threads: usable CPUs, at most 16)"
             )
         return lines
 
