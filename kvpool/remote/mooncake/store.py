@@ -71,7 +71,7 @@ import numpy as np
 import torch
 
 import kvpool.remote.mooncake.codes as codes
-from kvpool.checks import check_bool, check_keywords, check_seconds, keywords_of
+from kvpool.checks import check_bool, check_int, check_keywords, check_seconds, keywords_of
 from kvpool.errors import (
     CorruptEntryError,
     InvalidArgumentError,
@@ -79,6 +79,7 @@ from kvpool.errors import (
     StoreTimeoutError,
 )
 from kvpool.formats import MemoryFormat
+from kvpool.native.limits import host_ram
 from kvpool.pool.handle import TensorMemoryObj
 from kvpool.pool.interface import MemoryAllocatorInterface
 from kvpool.pool.objects import MemoryObj
@@ -101,7 +102,11 @@ from kvpool.remote.mooncake.client import connect, import_mooncake, parse_url, s
 from kvpool.remote.mooncake.memory import HeaderSlabs, PoolRegions, Slab
 from kvpool.remote.mooncake.ops import FIRST_READ, Entry, read_header, rounds, write_entries
 
-__all__ = ["MooncakeStore"]
+__all__ = ["MAX_REPLICAS", "MooncakeStore"]
+
+#: Most copies of an entry a store may ask Mooncake to keep.
+MAX_REPLICAS = 1024
+_SIZE_T_MAX = (1 << 64) - 1
 
 
 class MooncakeStore(RemoteStore):
@@ -159,13 +164,15 @@ class MooncakeStore(RemoteStore):
         super().__init__(1)
         _, config_cls = import_mooncake()
         timeout = check_seconds("timeout", timeout)  # type: ignore[assignment]
-        for name, value, low in (
-            ("replicas", replicas, 1),
-            ("segment_size", segment_size, 0),
-            ("local_buffer_size", local_buffer_size, 0),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise InvalidArgumentError(f"{name} must be an int >= {low}, got {value!r}")
+        replicas = check_int("replicas", replicas, low=1, high=MAX_REPLICAS)
+        # Mooncake allocates both at set-up: more than this machine's RAM
+        # could only fail there, less clearly (or abort the process).
+        ram = host_ram() or _SIZE_T_MAX
+        fix = "pass at most the host's RAM (MemTotal)"
+        segment_size = check_int("segment_size", segment_size, low=0, high=ram, fix=fix)
+        local_buffer_size = check_int(
+            "local_buffer_size", local_buffer_size, low=0, high=ram, fix=fix
+        )
         if not isinstance(protocol, str) or protocol not in ("tcp", "rdma"):
             raise InvalidArgumentError(f"protocol must be 'tcp' or 'rdma', got {protocol!r}")
         if not isinstance(device, str):
@@ -607,7 +614,8 @@ class MooncakeStore(RemoteStore):
             self.client.close()
 
     def __repr__(self) -> str:
-        return f"<MooncakeStore {self.server}{' closed' if self._closed else ''}>"
+        server = self.__dict__.get("server", "(not set up)")
+        return f"<MooncakeStore {server}{' closed' if self.__dict__.get('_closed') else ''}>"
 
 
 def _address(obj: MemoryObj, view: memoryview) -> int:
