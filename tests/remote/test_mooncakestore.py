@@ -385,8 +385,8 @@ def test_open_store_url(mooncake: MooncakeDeployment, pool: kvpool.TensorMemoryA
         ("mooncake://host:1?protocol=udp", {}, "protocol must be"),
         ("mooncake://host:1?replicas=0", {}, "replicas must be"),
         ("mooncake://host:1?replicas=18446744073709551616", {}, "replicas must be"),
-        ("mooncake://host:1?local_buffer_size=1180591620717411303424", {}, "local_buffer_size must be"),
-        ("mooncake://host:1?segment_size=1180591620717411303424", {}, "segment_size must be"),
+        (f"mooncake://host:1?local_buffer_size={2**70}", {}, "local_buffer_size must be"),
+        (f"mooncake://host:1?segment_size={2**70}", {}, "segment_size must be"),
     ],
 )
 def test_bad_urls_and_arguments(url: str, kwargs: dict[str, Any], match: str) -> None:
