@@ -2,9 +2,11 @@
 
 ``client`` makes Mooncake's client (URL, loading, setup), ``codes`` names
 its status codes, ``memory`` registers pool memory and header slots,
-``ops`` does the calls, ``store`` is the store.
+``ops`` does the calls, ``segments`` mounts kvpool shared memory as this
+process's share of the store, ``store`` is the store.
 """
 
+from kvpool.remote.mooncake.segments import MountedSegment
 from kvpool.remote.mooncake.store import MooncakeStore
 
-__all__ = ["MooncakeStore"]
+__all__ = ["MooncakeStore", "MountedSegment"]

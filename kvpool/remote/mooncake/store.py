@@ -17,6 +17,10 @@ How the bytes move
   the pool's whole range, on first use) and deregistered when the pool
   closes (the pool's close hook) or the store closes.  RDMA needs it; over
   TCP it is what lets the engine read and write the memory in place.
+* **Storage.**  :meth:`MooncakeStore.mount_segment` contributes kvpool
+  shared memory (populated, pinned, NUMA-bound on request) as a segment of
+  this client, so this node's share of the store lives in kvpool memory
+  (:mod:`kvpool.remote.mooncake.segments`).
 * **put** hands Mooncake two buffers per entry - the header, written into
   a small registered header slot, and the object's memory by address - as
   one object (``batch_put_from_multi_buffers``), after one
@@ -101,6 +105,7 @@ from kvpool.remote.header import EntryInfo, Layout, decode_header, encode_header
 from kvpool.remote.mooncake.client import connect, import_mooncake, parse_url, split_host_port
 from kvpool.remote.mooncake.memory import HeaderSlabs, PoolRegions, Slab
 from kvpool.remote.mooncake.ops import FIRST_READ, Entry, read_header, rounds, write_entries
+from kvpool.remote.mooncake.segments import MountedSegment, Segments
 
 __all__ = ["MAX_REPLICAS", "MooncakeStore"]
 
@@ -201,6 +206,7 @@ class MooncakeStore(RemoteStore):
         self.client = client
         self._slabs = HeaderSlabs(client)
         self._regions = PoolRegions(client)
+        self._segments = Segments(client, protocol)
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> MooncakeStore:
@@ -247,6 +253,54 @@ class MooncakeStore(RemoteStore):
     def registered_regions(self) -> list[tuple[int, int]]:
         """``(address, nbytes)`` of each pool range registered with Mooncake now."""
         return self._regions.registered()
+
+    def mount_segment(
+        self,
+        size: int,
+        *,
+        shm_name: str | None = None,
+        numa_node: int | None = None,
+        pin: str = "auto",
+    ) -> MountedSegment:
+        """Contribute ``size`` bytes of kvpool shared memory to the store.
+
+        kvpool makes a POSIX shared-memory buffer (populated, pinned as
+        ``pin`` says, bound to ``numa_node`` if given) and Mooncake mounts
+        its file (``/dev/shm/<name>``) as a segment of this client: the
+        master may then place entries of any client in it.  The segment is
+        this store's until :meth:`MountedSegment.unmount` or :meth:`close`
+        (entries held only in it are lost then).  O(size) to populate.
+
+        Args:
+            size: bytes, 1 MiB up to the host's RAM.
+            shm_name: the segment's name ('/' then 1..255 characters);
+                default a fresh ``/kvpool-mooncake-<pid>-...`` name.
+            numa_node: bind the memory to this node.
+            pin: "auto" (cudaHostRegister with CUDA, else mlock where the
+                limit allows), "none", "mlock" or "cuda-register".
+
+        Returns:
+            The :class:`~kvpool.remote.mooncake.segments.MountedSegment`.
+
+        Raises:
+            InvalidArgumentError: a bad size, name, node or pin mode.
+            SharedMemoryExistsError: ``shm_name`` exists already.
+            MemoryLimitError / OutOfMemoryError: the memory is not there.
+            PoolClosedError: the store was closed.
+            RemoteStoreError: Mooncake refused the mount (nothing is kept).
+        """
+        self._check_open()
+        return self._segments.mount(
+            size,
+            shm_name=shm_name,
+            numa_node=numa_node,
+            pin=pin,
+            where=self._where("mount_segment", None),
+        )
+
+    def mounted_segments(self) -> list[MountedSegment]:
+        """The segments this store mounted and has not unmounted."""
+        return self._segments.mounted()
 
     # -- put ---------------------------------------------------------
 
@@ -608,6 +662,7 @@ class MooncakeStore(RemoteStore):
         return None if found is None else found[0]
 
     def _close(self) -> None:
+        self._segments.close()
         self._regions.close()
         self._slabs.close()
         if self._owns_client:
