@@ -233,11 +233,11 @@ typedef struct pinmem_option_info {
  *     touch by chance;
  *   - threads: the CPUs this process may use, at most 16, whatever was
  *     measured.  A probe cheap enough to run before a pool misjudges
- *     threads: on a 2-vCPU VM the second thread of a 32 MiB probe starts
- *     its work milliseconds late and came out 1.65x slower than one
- *     thread, while mappings of 128 MiB and more populated 1.6-1.9x faster
- *     with both.  PINMEM_OPT_MIN_THREAD_BYTES keeps small mappings on
- *     fewer threads.
+ *     threads: on a 2-vCPU VM a second thread starts its work
+ *     milliseconds late, so fresh 32 MiB mappings were no faster with two
+ *     threads (and the old probe's 32 MiB sample picked one), while
+ *     mappings of 128 MiB and more populated 1.6-1.9x faster with both.
+ *     PINMEM_OPT_MIN_THREAD_BYTES keeps small mappings on fewer threads.
  * Every population then splits its range into slices (2 MiB aligned) that
  * the threads take one by one, so a thread slowed by other load on its CPU
  * does less of the work instead of holding everyone up.

@@ -153,9 +153,11 @@ PINMEM_API int pinmem_populate_decide(const pinmem_populate_facts *f, pinmem_pop
     }
     /* Threads by rule, never by the probe.  A probe small enough to be
      * cheap misjudges them: on a 2-vCPU VM a second thread starts its work
-     * milliseconds late (an idle vCPU has to be woken), so 32 MiB came out
-     * 1.65x slower with 2 threads than with 1, while 128 MiB and more, the
-     * sizes that matter, were 1.6-1.9x faster and a 4 GiB pool 1.8x. */
+     * milliseconds late (an idle vCPU has to be woken), so the old probe's
+     * 32 MiB sample with 2 threads ran at 2.03 GB/s against 3.36 for 8 MiB
+     * with 1, and fresh 32 MiB mappings were no faster with 2; 128 MiB and
+     * more, the sizes that matter, were 1.6-1.9x faster with 2, a 4 GiB
+     * pool 1.8x. */
     out->threads = pm_rule_threads(f->cpus);
     out->threads_source = PINMEM_PLAN_RULE;
     return PINMEM_OK;
