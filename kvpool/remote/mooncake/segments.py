@@ -27,7 +27,7 @@ from typing import Any
 
 import kvpool.remote.mooncake.codes as codes
 from kvpool.checks import check_choice, check_int, check_optional_str
-from kvpool.errors import InvalidArgumentError, RemoteStoreError
+from kvpool.errors import InvalidArgumentError, PoolClosedError, RemoteStoreError
 from kvpool.native.buffer import HostBuffer, allocate_host
 from kvpool.native.limits import host_ram
 
@@ -101,6 +101,7 @@ class Segments:
         self._protocol = protocol
         self._lock = threading.Lock()
         self._mounted: list[MountedSegment] = []
+        self._closed = False
 
     def mount(
         self,
@@ -119,6 +120,8 @@ class Segments:
             SharedMemoryExistsError: ``shm_name`` exists already.
             MemoryLimitError / OutOfMemoryError: the memory is not there.
             RemoteStoreError: Mooncake refused the mount (nothing is kept).
+            PoolClosedError: the store closed while Mooncake mounted it (the
+                segment is unmounted and freed again).
         """
         ram = host_ram() or (1 << 62)
         size = check_int(
@@ -145,7 +148,14 @@ class Segments:
             raise
         segment = MountedSegment(self, buffer, ids, where)
         with self._lock:
-            self._mounted.append(segment)
+            closing = self._closed
+            if not closing:
+                self._mounted.append(segment)
+        if closing:  # the store closed while Mooncake mounted it: take it out again
+            segment._mounted = False
+            with contextlib.suppress(RemoteStoreError):
+                self._unmount_now(segment)
+            raise PoolClosedError(f"{where}: the store was closed during the mount")
         return segment
 
     def unmount(self, segment: MountedSegment) -> None:
@@ -164,6 +174,9 @@ class Segments:
                 return
             segment._mounted = False
             self._mounted.remove(segment)
+        self._unmount_now(segment)
+
+    def _unmount_now(self, segment: MountedSegment) -> None:
         try:
             rc = self._client.unmount_segment(segment.segment_ids, 0)
         finally:
@@ -180,7 +193,9 @@ class Segments:
             return list(self._mounted)
 
     def close(self) -> None:
-        """Unmount every segment; errors are not raised (the store is closing)."""
+        """Unmount every segment, and any that a mount still in progress adds; no errors."""
+        with self._lock:
+            self._closed = True
         for segment in self.mounted():
             with contextlib.suppress(RemoteStoreError):
                 self.unmount(segment)
