@@ -20,7 +20,7 @@ import os
 
 from kvpool.checks import check_bool
 
-__all__ = ["STRICT_ENV", "set_strict_mode", "strict_mode"]
+__all__ = ["STRICT_ENV", "ReportOnce", "report", "set_strict_mode", "strict_mode"]
 
 #: Environment variable that switches strict mode on at import time.
 STRICT_ENV = "KVPOOL_STRICT"
@@ -59,3 +59,22 @@ def report(error: type[Exception], message: str) -> None:
     if _strict:
         raise error(message)
     logger.warning("%s", message)
+
+
+class ReportOnce:
+    """:func:`report` for one owner that warns once (strict mode raises every time).
+
+    A pool or allocator keeps one per kind of misuse, so a caller that
+    repeats a hopeless request is told without flooding the log.
+    """
+
+    __slots__ = ("said",)
+
+    def __init__(self) -> None:
+        self.said = False
+
+    def __call__(self, error: type[Exception], message: str) -> None:
+        """Report ``message`` if this owner has not yet (always in strict mode)."""
+        if _strict or not self.said:
+            self.said = True
+            report(error, message)

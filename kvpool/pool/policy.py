@@ -61,7 +61,7 @@ from kvpool.errors import (
     ViewsOutliveHandleError,
 )
 from kvpool.formats import MAX_LAYOUT_BYTES, MemoryFormat, format_hint
-from kvpool.misuse import report, strict_mode
+from kvpool.misuse import ReportOnce, report, strict_mode
 from kvpool.pool.arena import Arena
 from kvpool.pool.handle import TensorMemoryObj
 from kvpool.pool.interface import MemoryAllocatorInterface
@@ -238,7 +238,7 @@ class PlacementPolicy(MemoryAllocatorInterface):
         self.outer: Any = self
         # Told of every change of usage (None: nobody asked; no cost).
         self._usage: Any = usage_listener()
-        self._said_too_large = False
+        self._report_too_large = ReportOnce()  # warned once per owner
         self._pinned = 0
         # Handles whose __del__ found the lock taken, released later.
         self._dropped: deque[TensorMemoryObj] = deque()
@@ -390,9 +390,7 @@ class PlacementPolicy(MemoryAllocatorInterface):
             f"pool has {capacity} bytes; it returned None (as when full). Use a larger pool "
             "or split the request"
         )
-        if strict_mode() or not self._said_too_large:  # warned once per pool
-            self._said_too_large = True
-            report(RequestTooLargeError, message)
+        self._report_too_large(RequestTooLargeError, message)
 
     # -- ownership and pins ------------------------------------------------
 

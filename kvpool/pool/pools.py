@@ -40,7 +40,7 @@ from kvpool.errors import (
     RequestTooLargeError,
 )
 from kvpool.formats import MAX_LAYOUT_BYTES, MemoryFormat, format_hint
-from kvpool.misuse import report, strict_mode
+from kvpool.misuse import ReportOnce
 from kvpool.pool.backing import Backing
 from kvpool.pool.interface import MemoryAllocatorInterface, PoolStats
 from kvpool.pool.monitor import live_pools, register_pool
@@ -109,7 +109,7 @@ class BufferAllocator(MemoryAllocatorInterface):
         #: The most bytes one call may allocate (see the class docstring).
         self.max_bytes = limits.host_ram() or MAX_LAYOUT_BYTES
         self._name = "BufferAllocator"
-        self._said_too_large = False
+        self._report_too_large = ReportOnce()  # warned once per owner
 
     @classmethod
     def bounded(
@@ -167,9 +167,7 @@ class BufferAllocator(MemoryAllocatorInterface):
             f"{what} of {count} byte buffer(s) of {length} bytes from {self._name} can never "
             f"succeed: more than its bound of {self.max_bytes} bytes; it returned None"
         )
-        if strict_mode() or not self._said_too_large:  # warned once per allocator
-            self._said_too_large = True
-            report(RequestTooLargeError, message)
+        self._report_too_large(RequestTooLargeError, message)
         return False
 
     @staticmethod
