@@ -47,6 +47,8 @@ def _root_gone(lease: ViewLease) -> None:
 class ViewLease(weakref.ref):  # type: ignore[type-arg]
     """A weak reference to an allocation's view root, plus what is needed to give it back.
 
+    Made by :func:`open_host_lease` and :func:`open_device_lease` only.
+
     Attributes:
         offset: byte offset of the allocation in the pool.
         phy: bytes of the allocation (aligned; the root covers all of them).
@@ -86,18 +88,6 @@ class ViewLease(weakref.ref):  # type: ignore[type-arg]
     def __new__(cls, root: Any, *_: Any) -> ViewLease:
         return super().__new__(cls, root, _root_gone)
 
-    def __init__(self, root: Any, offset: int, phy: int, page: int, returns: deque[Any]) -> None:
-        super().__init__(root, _root_gone)
-        self.held = False
-        self.returned = False
-        self.offset = offset
-        self.phy = phy
-        self.page = page
-        self.returns = returns
-        self.root = root
-        self.mv = None
-        self.raw = None
-
     def detach(self) -> bool:
         """Drop every strong reference this lease holds to the views (caller holds the lock).
 
@@ -106,6 +96,22 @@ class ViewLease(weakref.ref):  # type: ignore[type-arg]
         """
         self.root = self.mv = self.raw = None
         return self() is not None
+
+
+def _lease(
+    root: Any, mv: memoryview | None, offset: int, phy: int, page: int, returns: deque[Any]
+) -> ViewLease:
+    """The one way a lease is made (no ``__init__``: a first view pays for every frame)."""
+    lease = ViewLease.__new__(ViewLease, root)
+    lease.held = lease.returned = False
+    lease.offset = offset
+    lease.phy = phy
+    lease.page = page
+    lease.returns = returns
+    lease.root = root
+    lease.mv = mv
+    lease.raw = None
+    return lease
 
 
 def open_host_lease(
@@ -125,16 +131,7 @@ def open_host_lease(
     that is viewed.
     """
     root = pool_bytes[offset : offset + phy]
-    lease = ViewLease.__new__(ViewLease, root)  # fields set here: no __init__ frame
-    lease.held = lease.returned = False
-    lease.offset = offset
-    lease.phy = phy
-    lease.page = page
-    lease.returns = returns
-    lease.root = root
-    lease.raw = None
-    lease.mv = memoryview(root)
-    return lease
+    return _lease(root, memoryview(root), offset, phy, page, returns)
 
 
 def pool_array(view: memoryview) -> np.ndarray:
@@ -148,4 +145,4 @@ def open_device_lease(
     """A lease whose root is a tensor over ``phy`` bytes of ``buffer``'s storage at ``offset``."""
     root = torch.empty(0, dtype=torch.uint8, device=buffer.device)
     root.set_(buffer.untyped_storage(), buffer.storage_offset() + offset, (phy,))
-    return ViewLease(root, offset, phy, page, returns)
+    return _lease(root, None, offset, phy, page, returns)
