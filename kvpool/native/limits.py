@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvpool.checks import check_int
 from kvpool.errors import MemlockLimitError, MemoryLimitError
 from kvpool.native.units import format_bytes
 
@@ -44,6 +45,7 @@ __all__ = [
     "Limit",
     "Platform",
     "cgroup_memory",
+    "check_ram_bytes",
     "headroom",
     "host_ram",
 ]
@@ -447,3 +449,18 @@ def headroom(
 def host_ram(platform: Platform | None = None) -> int | None:
     """MemTotal in bytes, or None when unreadable."""
     return _read_keyed((platform or Platform()).meminfo, scale=1024).get("MemTotal")
+
+
+def check_ram_bytes(name: str, value: object, *, low: int = 0, fix: str | None = None) -> int:
+    """Return ``value`` if it is a byte count from ``low`` up to this host's RAM (MemTotal).
+
+    For sizes another library allocates at once (where more than RAM can
+    only fail later, less clearly); without a readable MemTotal the bound
+    is ``2**62``.
+
+    Raises:
+        InvalidArgumentError: not an int, or outside ``[low, RAM]``.
+    """
+    return check_int(
+        name, value, low=low, high=host_ram() or _UNLIMITED, fix=fix or "at most the host's RAM"
+    )

@@ -26,10 +26,10 @@ import uuid
 from typing import Any
 
 import kvpool.remote.mooncake.codes as codes
-from kvpool.checks import check_choice, check_int, check_optional_str
+from kvpool.checks import check_choice, check_optional_str
 from kvpool.errors import InvalidArgumentError, PoolClosedError, RemoteStoreError
 from kvpool.native.buffer import HostBuffer, allocate_host
-from kvpool.native.limits import host_ram
+from kvpool.native.limits import check_ram_bytes
 
 __all__ = ["SHM_DIRECTORY", "MountedSegment", "Segments"]
 
@@ -50,9 +50,6 @@ class MountedSegment:
     lost then, as with any Mooncake segment that leaves).
 
     Attributes:
-        shm_name: the shared-memory segment's name (the file Mooncake
-            mapped is ``/dev/shm/<name without its leading '/'>``).
-        size: bytes contributed.
         segment_ids: Mooncake's ids of the mounted segment.
         buffer: kvpool's mapping of the same memory (read it to see the
             entries' bytes; do not write it while mounted).
@@ -63,11 +60,22 @@ class MountedSegment:
     ) -> None:
         self._owner = owner
         self.buffer = buffer
-        self.shm_name: str = buffer.shm_name or ""
-        self.size = buffer.size
         self.segment_ids = list(segment_ids)
         self._where = where
         self._mounted = True
+
+    @property
+    def shm_name(self) -> str:
+        """The shared-memory segment's name.
+
+        The file Mooncake mapped is ``/dev/shm/<name without its leading '/'>``.
+        """
+        return self.buffer.shm_name or ""
+
+    @property
+    def size(self) -> int:
+        """Bytes contributed to the store."""
+        return self.buffer.size
 
     @property
     def mounted(self) -> bool:
@@ -123,13 +131,8 @@ class Segments:
             PoolClosedError: the store closed while Mooncake mounted it (the
                 segment is unmounted and freed again).
         """
-        ram = host_ram() or (1 << 62)
-        size = check_int(
-            "size",
-            size,
-            low=_MIN_SEGMENT,
-            high=ram,
-            fix="a segment holds whole entries: give 1 MiB up to the host's RAM",
+        size = check_ram_bytes(
+            "size", size, low=_MIN_SEGMENT, fix="a segment holds whole entries: 1 MiB up to RAM"
         )
         name = check_optional_str("shm_name", shm_name)
         pin = check_choice("pin", pin, _PINS)
@@ -139,8 +142,9 @@ class Segments:
         try:
             path = f"{SHM_DIRECTORY}/{name.lstrip('/')}"  # names may omit the '/'
             got = self._client.mount_segment(path, size, 0, self._protocol)
-            rc = int(got.get("ret", -1)) if isinstance(got, dict) else -1
-            ids = [str(i) for i in got.get("segment_ids", ())] if isinstance(got, dict) else []
+            got = got if isinstance(got, dict) else {}
+            rc = int(got.get("ret", -1))
+            ids = [str(i) for i in got.get("segment_ids", ())]
             if rc != 0 or not ids:
                 raise codes.error_for(rc if rc < 0 else -1, f"{where}: mount_segment of {path}")
         except BaseException:

@@ -83,7 +83,7 @@ from kvpool.errors import (
     StoreTimeoutError,
 )
 from kvpool.formats import MemoryFormat
-from kvpool.native.limits import host_ram
+from kvpool.native.limits import check_ram_bytes
 from kvpool.pool.handle import TensorMemoryObj
 from kvpool.pool.interface import MemoryAllocatorInterface
 from kvpool.pool.objects import MemoryObj
@@ -111,7 +111,6 @@ __all__ = ["MAX_REPLICAS", "MooncakeStore"]
 
 #: Most copies of an entry a store may ask Mooncake to keep.
 MAX_REPLICAS = 1024
-_SIZE_T_MAX = (1 << 64) - 1
 
 
 class MooncakeStore(RemoteStore):
@@ -172,12 +171,8 @@ class MooncakeStore(RemoteStore):
         replicas = check_int("replicas", replicas, low=1, high=MAX_REPLICAS)
         # Mooncake allocates both at set-up: more than this machine's RAM
         # could only fail there, less clearly (or abort the process).
-        ram = host_ram() or _SIZE_T_MAX
-        fix = "pass at most the host's RAM (MemTotal)"
-        segment_size = check_int("segment_size", segment_size, low=0, high=ram, fix=fix)
-        local_buffer_size = check_int(
-            "local_buffer_size", local_buffer_size, low=0, high=ram, fix=fix
-        )
+        segment_size = check_ram_bytes("segment_size", segment_size)
+        local_buffer_size = check_ram_bytes("local_buffer_size", local_buffer_size)
         if not isinstance(protocol, str) or protocol not in ("tcp", "rdma"):
             raise InvalidArgumentError(f"protocol must be 'tcp' or 'rdma', got {protocol!r}")
         if not isinstance(device, str):
