@@ -219,8 +219,8 @@ typedef struct pinmem_option_info {
  * The probe (pinmem_populate_probe) maps, populates and unmaps a few small
  * fresh mappings of 4 KiB pages: MADV_POPULATE_WRITE and first touch with
  * one thread, alternated (best of three each, so a burst of load on a
- * shared machine hits both).  It touches 48 MiB and costs about 15-30 ms
- * on 2 CPUs, once per process; its facts are kept.
+ * shared machine hits both).  It touches 48 MiB and cost 22 ms on the
+ * 2-CPU development VM; it runs once per process and its facts are kept.
  *
  * pinmem_populate_decide turns facts into a plan (a pure function; tests
  * feed it made-up facts):
