@@ -1,4 +1,4 @@
-/* Test-only fault switches (built with -DPINMEM_TESTING; absent otherwise). */
+/* Test-only fault switches and the entry-read hook (built with -DPINMEM_TESTING; absent otherwise). */
 #include "internal.h"
 
 #ifdef PINMEM_TESTING
@@ -18,6 +18,21 @@ PINMEM_API int pinmem_test_set_fault(int fault, int on)
         return pm_fail(PINMEM_EINVAL, 0, "fault %d does not exist (0..%d)", fault,
                        PINMEM_FAULT_COUNT - 1);
     __atomic_store_n(&pm_faults[fault], on ? 1 : 0, __ATOMIC_RELAXED);
+    return PINMEM_OK;
+}
+
+static void (*pm_read_hook)(void); /* atomic */
+
+void pm_entry_read_hook(void)
+{
+    void (*hook)(void) = __atomic_exchange_n(&pm_read_hook, NULL, __ATOMIC_ACQ_REL);
+    if (hook != NULL)
+        hook();
+}
+
+PINMEM_API int pinmem_test_set_entry_read_hook(void (*hook)(void))
+{
+    __atomic_store_n(&pm_read_hook, hook, __ATOMIC_RELEASE);
     return PINMEM_OK;
 }
 

@@ -49,7 +49,7 @@ extern "C" {
 
 /* PINMEM_CDEF_BEGIN */
 
-#define PINMEM_VERSION 4
+#define PINMEM_VERSION 5
 #define PINMEM_MAX_NUMA_NODES 1024
 #define PINMEM_MAX_HUGEPAGE_SIZES 8
 #define PINMEM_PATH_MAX 512
@@ -505,6 +505,76 @@ PINMEM_API int pinmem_option_check(void);
  * PINMEM_EBUSY while CUDA-pinned mappings (or CUDA commits) are live. */
 PINMEM_API int pinmem_cuda_reload(const char *path);
 
+/* ---- Entry files: one FileStore put or get in one call ----
+ *
+ * kvpool's FileStore keeps one file per entry (a header, then the bytes).
+ * These two calls make the system calls of one put and of one get, so
+ * that a put or a get costs what bare pwritev/preadv cost, plus only the
+ * checks that keep it safe.  An entry is only ever a regular file with one
+ * link owned by this user, opened with O_NOFOLLOW | O_NONBLOCK: a symlink,
+ * FIFO, device, directory, hard link or another user's file is never
+ * written, and never read. */
+
+/* pinmem_entry_write flags. */
+#define PINMEM_ENTRY_SPARE 1u    /* temp names a spare to overwrite, else temp is created (O_EXCL) */
+#define PINMEM_ENTRY_EXCHANGE 2u /* replace an existing entry by renameat2(RENAME_EXCHANGE) */
+#define PINMEM_ENTRY_SYNC 4u     /* fsync the file before it gets the entry's name */
+
+/* How pinmem_entry_write left the names (its *outcome). */
+typedef enum pinmem_entry_outcome {
+    PINMEM_ENTRY_RENAMED = 0,            /* temp was renamed onto path */
+    PINMEM_ENTRY_SWAPPED = 1,            /* path existed: exchanged; temp now names
+                                          * the replaced file (a spare to reuse) */
+    PINMEM_ENTRY_RENAMED_NO_EXCHANGE = 2, /* renamed: the file system refused the
+                                          * exchange (EINVAL/ENOSYS/EPERM); stop asking */
+    PINMEM_ENTRY_SPARE_UNUSABLE = 3      /* PINMEM_ENTRY_SPARE: the spare was missing,
+                                          * not an entry-kind file, or locked by a
+                                          * reader; nothing was written */
+} pinmem_entry_outcome;
+
+/* How pinmem_entry_read found path (its *outcome). */
+typedef enum pinmem_entry_found {
+    PINMEM_ENTRY_READ = 0,    /* read: *nread bytes */
+    PINMEM_ENTRY_MISSING = 1, /* no entry at path */
+    PINMEM_ENTRY_REFUSED = 2  /* something else is at path (symlink, FIFO, device,
+                               * directory, hard link, another user's file), or it
+                               * was replaced at every try: nothing was read */
+} pinmem_entry_found;
+
+/* Write header then data (one pwritev/writev, short writes finished) into
+ * the file temp and give it the name path atomically: a reader sees the
+ * old entry or the new one, never part of one.
+ *   - flags & PINMEM_ENTRY_SPARE: temp is a spare (a file an earlier put
+ *     swapped out); it is rewritten only while it is an entry-kind file and
+ *     flock(LOCK_EX | LOCK_NB) succeeds (a reader that opened it while it
+ *     was an entry holds LOCK_SH), and truncated to the new length; else
+ *     *outcome is PINMEM_ENTRY_SPARE_UNUSABLE and nothing is written.
+ *     Without the flag temp is created with O_CREAT | O_EXCL | O_NOFOLLOW.
+ *   - flags & PINMEM_ENTRY_EXCHANGE: an existing path is replaced with
+ *     renameat2(RENAME_EXCHANGE), so the replaced file stays at temp
+ *     (PINMEM_ENTRY_SWAPPED); a missing path gets a rename.
+ *   - flags & PINMEM_ENTRY_SYNC: fsync before the rename (the directory's
+ *     fsync is the caller's).
+ * After the call temp exists only when *outcome is PINMEM_ENTRY_SWAPPED
+ * (any other name at temp is unlinked; the file it named is not touched).
+ * PINMEM_ESYS (with pinmem_last_errno) when a create, write, truncate,
+ * fsync or rename fails; PINMEM_EINVAL for NULLs, unknown flags or sizes
+ * beyond a file's. */
+PINMEM_API int pinmem_entry_write(const char *temp, const char *path, const void *header,
+                                  size_t header_len, const void *data, size_t data_len,
+                                  unsigned int flags, int *outcome);
+
+/* Read the entry at path into header (header_len bytes) then data
+ * (data_len bytes), plus one byte more to detect trailing bytes, safely
+ * against concurrent puts: open, check the file is an entry-kind file,
+ * flock(LOCK_SH), check the name still refers to it (else open it again,
+ * up to 100 times), one preadv.  *nread counts every byte read (header +
+ * data + 1 means trailing bytes; fewer means a short file).  The caller
+ * checks the header.  PINMEM_ESYS for an open, stat, lock or read the OS
+ * refused for another reason (EACCES, EIO...). */
+PINMEM_API int pinmem_entry_read(const char *path, void *header, size_t header_len, void *data,
+                                 size_t data_len, int *outcome, uint64_t *nread);
+
 /* PINMEM_CDEF_END */
 
 #ifdef PINMEM_TESTING
@@ -521,12 +591,22 @@ PINMEM_API int pinmem_cuda_reload(const char *path);
 typedef enum pinmem_fault {
     PINMEM_FAULT_MBIND_EPERM = 0,   /* mbind fails with EPERM (as in containers) */
     PINMEM_FAULT_MLOCK_EPERM = 1,   /* mlock and mlock2 fail with EPERM */
-    PINMEM_FAULT_COUNT = 2
+    PINMEM_FAULT_SHORT_IO = 2,      /* entry reads and writes move at most 1000 bytes
+                                     * per system call (their loops must finish them) */
+    PINMEM_FAULT_ENTRY_ENOSPC = 3,  /* entry writes fail with ENOSPC */
+    PINMEM_FAULT_ENTRY_DIE_BEFORE_RENAME = 4, /* pinmem_entry_write kills its process
+                                     * (SIGKILL) after its write, before its rename */
+    PINMEM_FAULT_COUNT = 5
 } pinmem_fault;
 
 /* Switch a fault on (on != 0) or off, process-wide; PINMEM_EINVAL for a
  * fault that does not exist. */
 PINMEM_API int pinmem_test_set_fault(int fault, int on);
+
+/* Have pinmem_entry_read call hook once, between its open and its lock
+ * (the moment a concurrent put can swap the file out); NULL removes it.
+ * The hook is cleared before it runs, so it may itself read entries. */
+PINMEM_API int pinmem_test_set_entry_read_hook(void (*hook)(void));
 
 /* PINMEM_TEST_CDEF_END */
 #endif

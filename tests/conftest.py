@@ -8,6 +8,8 @@ than one folder needs (``hugepage_pool``) are imported from there.
 * ``shm_name``: a fresh POSIX shared-memory name, unlinked afterwards if a
   test left it behind.
 * ``child_env`` / ``python``: for child processes that import this kvpool.
+* ``faults``: libpinmem's test faults (``pinmem_test_set_fault``, only in
+  the test build loaded below), all switched off after the test.
 * ``_fast_gc`` (session, autouse): objects alive at the start are moved out
   of the cycle collector's way, so the many ``gc.collect()`` calls of the
   leak checks stay cheap.
@@ -32,6 +34,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -65,6 +68,7 @@ def _use_test_build() -> None:
 _use_test_build()
 
 import kvpool  # noqa: E402
+import kvpool.native  # noqa: E402
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -120,3 +124,35 @@ def child_env() -> dict[str, str]:
 def python() -> str:
     """The interpreter running the tests (children use the same one)."""
     return sys.executable
+
+
+class Faults:
+    """libpinmem's test-only fault switches (the test build's pinmem_test_set_fault)."""
+
+    def __init__(self, setter: Any) -> None:
+        self._setter = setter
+
+    def set(self, name: str, on: bool = True) -> None:
+        """Switch a fault on or off by its name in pinmem.h, e.g. "mlock_eperm"."""
+        fault = getattr(kvpool.native.lib, f"PINMEM_FAULT_{name.upper()}")
+        kvpool.native.check(self._setter(fault, 1 if on else 0), f"set fault {name}")
+
+    def clear(self) -> None:
+        """Switch every fault off."""
+        for fault in range(kvpool.native.lib.PINMEM_FAULT_COUNT):
+            self._setter(fault, 0)
+
+
+@pytest.fixture
+def faults() -> Iterator[Faults]:
+    """Fault switches of the test build; skips where the loaded library is a production one."""
+    try:
+        setter = kvpool.native.lib.pinmem_test_set_fault
+    except (AttributeError, kvpool.native.ffi.error):  # cffi: the symbol is not in the library
+        pytest.skip(
+            f"needs libpinmem's test build (loaded: {kvpool.native.library_path()}); `make lib` "
+            "builds libpinmem/build/testing/libpinmem.so, which tests/conftest.py loads"
+        )
+    switches = Faults(setter)
+    yield switches
+    switches.clear()

@@ -13,11 +13,14 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -191,6 +194,7 @@ static void test_production_surface(const char *path)
         return;
     CHECK(dlsym(h, "pinmem_alloc") != NULL, "has pinmem_alloc");
     CHECK(dlsym(h, "pinmem_test_set_fault") == NULL, "no pinmem_test_set_fault");
+    CHECK(dlsym(h, "pinmem_test_set_entry_read_hook") == NULL, "no entry read hook");
     dlclose(h);
     FILE *f = fopen(path, "rb");
     CHECK(f != NULL, "open %s", path);
@@ -1247,6 +1251,179 @@ static void test_cuda(const char *fake)
     pinmem_cuda_reload(NULL);
 }
 
+/* ---- entry files (pinmem_entry_write / pinmem_entry_read) ---- */
+
+static void entry_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "wb");
+    if (f != NULL) {
+        fputs(text, f);
+        fclose(f);
+    }
+}
+
+/* The file's bytes as a string ("" when missing or too long). */
+static const char *entry_text(const char *path)
+{
+    static char buf[256];
+    buf[0] = '\0';
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return buf;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    return buf;
+}
+
+static void test_entries(void)
+{
+    char dir[] = "/tmp/pinmem-entries-XXXXXX";
+    if (mkdtemp(dir) == NULL) {
+        CHECK(0, "mkdtemp: %s", strerror(errno));
+        return;
+    }
+    char entry[128], temp[128], outside[128], link_name[128], fifo[128];
+    snprintf(entry, sizeof entry, "%s/entry", dir);
+    snprintf(temp, sizeof temp, "%s/.tmp-1", dir);
+    snprintf(outside, sizeof outside, "%s/outside", dir);
+    snprintf(link_name, sizeof link_name, "%s/link", dir);
+    snprintf(fifo, sizeof fifo, "%s/fifo", dir);
+    int outcome = -1;
+    uint64_t nread = 0;
+    char head[4], data[8];
+
+    /* A new entry: created at temp, renamed onto the entry's name. */
+    CHECK(pinmem_entry_write(temp, entry, "HDR:", 4, "payload1", 8, PINMEM_ENTRY_EXCHANGE,
+                             &outcome) == PINMEM_OK, "write a new entry");
+    CHECK(outcome == PINMEM_ENTRY_RENAMED, "outcome %d", outcome);
+    CHECK(strcmp(entry_text(entry), "HDR:payload1") == 0, "entry holds '%s'", entry_text(entry));
+    CHECK(access(temp, F_OK) != 0, "temp is gone after a rename");
+    /* Replacing it by exchange keeps the old file at temp: a spare. */
+    CHECK(pinmem_entry_write(temp, entry, "HDR:", 4, "payload2", 8, PINMEM_ENTRY_EXCHANGE,
+                             &outcome) == PINMEM_OK && outcome == PINMEM_ENTRY_SWAPPED,
+          "exchange: outcome %d", outcome);
+    CHECK(strcmp(entry_text(temp), "HDR:payload1") == 0, "spare holds '%s'", entry_text(temp));
+    /* The spare is rewritten (and truncated to the shorter entry), then swapped in. */
+    CHECK(pinmem_entry_write(temp, entry, "H:", 2, "p3", 2,
+                             PINMEM_ENTRY_SPARE | PINMEM_ENTRY_EXCHANGE, &outcome) == PINMEM_OK &&
+              outcome == PINMEM_ENTRY_SWAPPED,
+          "spare rewrite: outcome %d", outcome);
+    CHECK(strcmp(entry_text(entry), "H:p3") == 0, "entry holds '%s'", entry_text(entry));
+    CHECK(strcmp(entry_text(temp), "HDR:payload2") == 0, "spare holds '%s'", entry_text(temp));
+
+    /* Reads: exact, missing, trailing bytes, short. */
+    CHECK(pinmem_entry_read(entry, head, 2, data, 2, &outcome, &nread) == PINMEM_OK &&
+              outcome == PINMEM_ENTRY_READ && nread == 4 && memcmp(data, "p3", 2) == 0,
+          "read: outcome %d nread %llu", outcome, (unsigned long long)nread);
+    CHECK(pinmem_entry_read(outside, head, 2, data, 2, &outcome, &nread) == PINMEM_OK &&
+              outcome == PINMEM_ENTRY_MISSING,
+          "missing: outcome %d", outcome);
+    CHECK(pinmem_entry_read(entry, head, 2, data, 1, &outcome, &nread) == PINMEM_OK &&
+              nread == 4,
+          "one trailing byte is read and counted: nread %llu", (unsigned long long)nread);
+    CHECK(pinmem_entry_read(entry, head, 4, data, 8, &outcome, &nread) == PINMEM_OK &&
+              nread == 4,
+          "short file: nread %llu", (unsigned long long)nread);
+
+    /* A spare that is not ours to write is dropped by name, never written. */
+    entry_file(outside, "keep me");
+    unlink(temp);
+    CHECK(link(outside, temp) == 0, "hard link: %s", strerror(errno));
+    CHECK(pinmem_entry_write(temp, entry, "H:", 2, "xx", 2,
+                             PINMEM_ENTRY_SPARE | PINMEM_ENTRY_EXCHANGE, &outcome) == PINMEM_OK &&
+              outcome == PINMEM_ENTRY_SPARE_UNUSABLE,
+          "hard-linked spare: outcome %d", outcome);
+    CHECK(strcmp(entry_text(outside), "keep me") == 0, "outside file untouched");
+    CHECK(access(temp, F_OK) != 0, "the hard-linked spare's name is removed");
+    CHECK(symlink(outside, temp) == 0, "symlink: %s", strerror(errno));
+    CHECK(pinmem_entry_write(temp, entry, "H:", 2, "xx", 2,
+                             PINMEM_ENTRY_SPARE | PINMEM_ENTRY_EXCHANGE, &outcome) == PINMEM_OK &&
+              outcome == PINMEM_ENTRY_SPARE_UNUSABLE,
+          "symlinked spare: outcome %d", outcome);
+    CHECK(strcmp(entry_text(outside), "keep me") == 0, "symlink target untouched");
+    CHECK(pinmem_entry_write(temp, entry, "H:", 2, "xx", 2,
+                             PINMEM_ENTRY_SPARE | PINMEM_ENTRY_EXCHANGE, &outcome) == PINMEM_OK &&
+              outcome == PINMEM_ENTRY_SPARE_UNUSABLE,
+          "missing spare: outcome %d", outcome);
+    /* A spare a reader still has locked is not rewritten. */
+    entry_file(temp, "read by someone");
+    int reader = open(temp, O_RDONLY);
+    CHECK(reader >= 0 && flock(reader, LOCK_SH) == 0, "reader lock");
+    CHECK(pinmem_entry_write(temp, entry, "H:", 2, "xx", 2,
+                             PINMEM_ENTRY_SPARE | PINMEM_ENTRY_EXCHANGE, &outcome) == PINMEM_OK &&
+              outcome == PINMEM_ENTRY_SPARE_UNUSABLE,
+          "locked spare: outcome %d", outcome);
+    if (reader >= 0) {
+        char got[32] = {0};
+        CHECK(pread(reader, got, sizeof got - 1, 0) == 15 && strcmp(got, "read by someone") == 0,
+              "the reader's file is unchanged: '%s'", got);
+        close(reader);
+    }
+    CHECK(strcmp(entry_text(entry), "H:p3") == 0, "entry unchanged: '%s'", entry_text(entry));
+
+    /* Reads refuse what is not an entry, without blocking. */
+    CHECK(mkfifo(fifo, 0600) == 0, "mkfifo: %s", strerror(errno));
+    CHECK(pinmem_entry_read(fifo, head, 2, data, 2, &outcome, &nread) == PINMEM_OK &&
+              outcome == PINMEM_ENTRY_REFUSED,
+          "FIFO: outcome %d", outcome);
+    CHECK(symlink(entry, link_name) == 0, "symlink: %s", strerror(errno));
+    CHECK(pinmem_entry_read(link_name, head, 2, data, 2, &outcome, &nread) == PINMEM_OK &&
+              outcome == PINMEM_ENTRY_REFUSED,
+          "symlink: outcome %d", outcome);
+    CHECK(pinmem_entry_read(dir, head, 2, data, 2, &outcome, &nread) == PINMEM_OK &&
+              outcome == PINMEM_ENTRY_REFUSED,
+          "directory: outcome %d", outcome);
+    unlink(link_name);
+    CHECK(link(entry, link_name) == 0, "hard link: %s", strerror(errno));
+    CHECK(pinmem_entry_read(entry, head, 2, data, 2, &outcome, &nread) == PINMEM_OK &&
+              outcome == PINMEM_ENTRY_REFUSED,
+          "hard-linked entry: outcome %d", outcome);
+    unlink(link_name);
+
+    /* Short system calls are finished; a failed write leaves no temp behind. */
+    unlink(temp);
+    char big[5000], back[5000];
+    for (size_t i = 0; i < sizeof big; i++)
+        big[i] = (char)(i * 7);
+    pinmem_test_set_fault(PINMEM_FAULT_SHORT_IO, 1);
+    CHECK(pinmem_entry_write(temp, entry, "HDR:", 4, big, sizeof big, PINMEM_ENTRY_EXCHANGE,
+                             &outcome) == PINMEM_OK && outcome == PINMEM_ENTRY_SWAPPED,
+          "short writes: outcome %d", outcome);
+    CHECK(pinmem_entry_read(entry, head, 4, back, sizeof back, &outcome, &nread) == PINMEM_OK &&
+              nread == 4 + sizeof big && memcmp(big, back, sizeof big) == 0,
+          "short reads: nread %llu", (unsigned long long)nread);
+    pinmem_test_set_fault(PINMEM_FAULT_SHORT_IO, 0);
+    unlink(temp);
+    pinmem_test_set_fault(PINMEM_FAULT_ENTRY_ENOSPC, 1);
+    CHECK(pinmem_entry_write(temp, entry, "H:", 2, "xx", 2, PINMEM_ENTRY_EXCHANGE, &outcome) ==
+                  PINMEM_ESYS &&
+              pinmem_last_errno() == ENOSPC,
+          "ENOSPC is reported");
+    pinmem_test_set_fault(PINMEM_FAULT_ENTRY_ENOSPC, 0);
+    CHECK(access(temp, F_OK) != 0, "the failed write's temp file is removed");
+    CHECK(pinmem_entry_read(entry, head, 4, back, sizeof back, &outcome, &nread) == PINMEM_OK &&
+              nread == 4 + sizeof big,
+          "the entry is kept after a failed put");
+
+    /* Bad arguments. */
+    CHECK(pinmem_entry_write(NULL, entry, "", 0, "", 0, 0, &outcome) == PINMEM_EINVAL, "NULL temp");
+    CHECK(pinmem_entry_write(temp, entry, "", 0, "", 0, 8, &outcome) == PINMEM_EINVAL,
+          "unknown flag");
+    CHECK(pinmem_entry_write(temp, entry, NULL, 4, "", 0, 0, &outcome) == PINMEM_EINVAL,
+          "NULL header with a length");
+    CHECK(pinmem_entry_read(entry, NULL, 4, data, 2, &outcome, &nread) == PINMEM_EINVAL,
+          "NULL read buffer");
+    CHECK(pinmem_entry_read(NULL, head, 2, data, 2, &outcome, &nread) == PINMEM_EINVAL,
+          "NULL path");
+
+    unlink(entry);
+    unlink(temp);
+    unlink(outside);
+    unlink(fifo);
+    CHECK(rmdir(dir) == 0, "the directory is left empty: %s", strerror(errno));
+}
+
 int main(int argc, char **argv)
 {
     const char *fake = argc > 1 ? argv[1] : getenv("PINMEM_TEST_FAKE_CUDART");
@@ -1280,6 +1457,7 @@ int main(int argc, char **argv)
     test_commit_mlock_refused();
     test_commit_hugetlb();
     test_commit_threads();
+    test_entries();
     test_cuda(fake);
     CHECK(live_count() == 0, "live mappings left: %zu", live_count());
     printf("%d checks, %d failed\n", checks, failures);

@@ -4,9 +4,6 @@
   results do not depend on the machine; GPU tests switch it back on, and
   the fake-CUDA tests load the fake runtime.  Discovery is restored after.
 * ``options`` restores every libpinmem option a test changed.
-* ``faults`` switches libpinmem's test faults (``pinmem_test_set_fault``,
-  only in the test build that ``tests/conftest.py`` loads) and switches
-  them all off after the test.
 * ``hugepages`` makes sure some 2 MiB pages are free, reserving them as
   root if needed (and restoring the pool size afterwards), or skips with
   the reason.
@@ -22,7 +19,6 @@ import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from hugepage_pool import reserve_hugepages
@@ -51,38 +47,6 @@ def options() -> Iterator[None]:
     yield
     for name, value in saved.items():
         native.option_set(name, value)
-
-
-class Faults:
-    """libpinmem's test-only fault switches (the test build's pinmem_test_set_fault)."""
-
-    def __init__(self, setter: Any) -> None:
-        self._setter = setter
-
-    def set(self, name: str, on: bool = True) -> None:
-        """Switch a fault on or off: "mbind_eperm" or "mlock_eperm"."""
-        fault = getattr(native.lib, f"PINMEM_FAULT_{name.upper()}")
-        native.check(self._setter(fault, 1 if on else 0), f"set fault {name}")
-
-    def clear(self) -> None:
-        """Switch every fault off."""
-        for fault in range(native.lib.PINMEM_FAULT_COUNT):
-            self._setter(fault, 0)
-
-
-@pytest.fixture
-def faults() -> Iterator[Faults]:
-    """Fault switches of the test build; skips where the loaded library is a production one."""
-    try:
-        setter = native.lib.pinmem_test_set_fault
-    except (AttributeError, native.ffi.error):  # cffi: the symbol is not in the library
-        pytest.skip(
-            f"needs libpinmem's test build (loaded: {native.library_path()}); `make lib` "
-            "builds libpinmem/build/testing/libpinmem.so, which tests/conftest.py loads"
-        )
-    switches = Faults(setter)
-    yield switches
-    switches.clear()
 
 
 @pytest.fixture(scope="session")

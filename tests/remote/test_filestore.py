@@ -126,9 +126,10 @@ def _dead_pid() -> int:
 
 _CRASHING_WRITER = textwrap.dedent(
     """
-    import os, signal, sys
+    import sys
     import torch, kvpool
     import kvpool.remote.file.store as filestore
+    from kvpool import native
 
     store = filestore.FileStore(sys.argv[1])
     pool = kvpool.TensorMemoryAllocator(torch.empty(1 << 20, dtype=torch.uint8))
@@ -138,10 +139,8 @@ _CRASHING_WRITER = textwrap.dedent(
         store.put("k", obj)
     obj.byte_array[:] = b"\\x5a" * obj.get_size()
 
-    def crash(src, dst):  # the writer dies after its write, before its rename
-        os.kill(os.getpid(), signal.SIGKILL)
-
-    os.rename = filestore._exchange = crash
+    # The writer dies after its write, before its rename (libpinmem's test build).
+    native.lib.pinmem_test_set_fault(native.lib.PINMEM_FAULT_ENTRY_DIE_BEFORE_RENAME, 1)
     store.put("k", obj)
     """
 )
@@ -202,14 +201,10 @@ def test_writer_killed_before_rename_leaves_no_entry(
 
 
 def test_failed_write_removes_its_temp_file(
-    file_store: FileStore, pool: kvpool.TensorMemoryAllocator, monkeypatch: pytest.MonkeyPatch
+    file_store: FileStore, pool: kvpool.TensorMemoryAllocator, faults: Any
 ) -> None:
     src = pool.allocate(KV_SHAPE, KV_DTYPE, KV_FMT)
-
-    def full(fd: int, buffers: object) -> int:
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(os, "writev", full)
+    faults.set("entry_enospc")  # the write system call fails with ENOSPC
     with pytest.raises(RemoteStoreError, match="No space left") as info:
         file_store.put("k", src)
     assert info.value.errno == 28
@@ -218,20 +213,36 @@ def test_failed_write_removes_its_temp_file(
     src.ref_count_down()
 
 
-def test_short_writes_are_completed(
-    file_store: FileStore, pool: kvpool.TensorMemoryAllocator, monkeypatch: pytest.MonkeyPatch
+def test_failed_rewrite_of_a_spare_keeps_the_old_entry(
+    file_store: FileStore, pool: kvpool.TensorMemoryAllocator, faults: Any
 ) -> None:
-    src = pool.allocate(KV_SHAPE, KV_DTYPE, KV_FMT)
-    data = fill(src, 3)
-    real_writev, real_write = os.writev, os.write
-    monkeypatch.setattr(os, "writev", lambda fd, bufs: real_writev(fd, [bytes(bufs[0])[:10]]))
-    monkeypatch.setattr(os, "write", lambda fd, buf: real_write(fd, bytes(buf)[:1000]))
-    file_store.put("k", src)
-    monkeypatch.undo()
+    _entry(file_store, pool)
+    obj = _uniform(pool, 7)
+    file_store.put("k", obj)  # the first entry's file is now a spare
+    assert len(_spares(file_store)) == 1
+    faults.set("entry_enospc")
+    with pytest.raises(RemoteStoreError, match="No space left"):
+        file_store.put("k", _uniform(pool, 8))
+    faults.clear()
+    assert _spares(file_store) == []  # the spare that failed is dropped
     got = file_store.get("k", pool, KV_SHAPE, KV_DTYPE, KV_FMT)
-    assert got is not None and bytes(got.byte_array) == data
-    for obj in (src, got):
-        obj.ref_count_down()
+    assert got is not None and bytes(got.byte_array) == bytes([7]) * KV_BYTES
+    got.ref_count_down()
+    obj.ref_count_down()
+
+
+def test_short_writes_and_reads_are_completed(
+    file_store: FileStore, pool: kvpool.TensorMemoryAllocator, faults: Any
+) -> None:
+    faults.set("short_io")  # at most 1000 bytes per system call
+    objs = [pool.allocate(KV_SHAPE, KV_DTYPE, KV_FMT) for _ in range(2)]
+    for version in (3, 4):  # a new file, then a rewritten spare
+        data = fill(objs[version - 3], version)
+        file_store.put("k", objs[version - 3])
+        got = file_store.get("k", pool, KV_SHAPE, KV_DTYPE, KV_FMT)
+        assert got is not None and bytes(got.byte_array) == data
+        got.ref_count_down()
+    pool.batched_free(objs)
 
 
 # -- damaged files -----------------------------------------------------
@@ -632,32 +643,35 @@ def test_a_file_being_read_is_not_reused(
 
 
 def test_reader_reopens_when_its_file_was_swapped_out(
-    file_store: FileStore, pool: kvpool.TensorMemoryAllocator, monkeypatch: pytest.MonkeyPatch
+    file_store: FileStore, pool: kvpool.TensorMemoryAllocator
 ) -> None:
-    import fcntl
-
-    import kvpool.remote.file.store as filestore
-
     a, b, c = (_uniform(pool, v) for v in (1, 2, 3))
     file_store.put("k", a)
     file_store.put("other", b)
-    real_flock = fcntl.flock
     calls = []
 
-    def racing_flock(fd: int, op: int) -> None:
-        # Between the reader's open and its lock, the writer swaps "k" out and
-        # rewrites its old file for another key.
-        if op == fcntl.LOCK_SH and not calls:
-            calls.append(fd)
-            file_store.put("k", c)  # "k"'s old file becomes a spare
-            file_store.put("other", a)  # ... rewritten with "other"'s entry
-        real_flock(fd, op)
+    # Between the reader's open and its lock (libpinmem's test hook), the
+    # writer swaps "k" out and rewrites its old file for another key.
+    @kvpool.native.ffi.callback("void(void)")
+    def racing_writer() -> None:
+        calls.append(1)
+        file_store.put("k", c)  # "k"'s old file becomes a spare
+        file_store.put("other", a)  # ... rewritten with "other"'s entry
 
-    monkeypatch.setattr(filestore.fcntl, "flock", racing_flock)
-    got = file_store.get("k", pool, KV_SHAPE, KV_DTYPE, KV_FMT)
+    try:
+        set_hook = kvpool.native.lib.pinmem_test_set_entry_read_hook
+    except (AttributeError, kvpool.native.ffi.error):
+        pytest.skip("needs libpinmem's test build (`make lib`)")
+    set_hook(racing_writer)
+    try:
+        got = file_store.get("k", pool, KV_SHAPE, KV_DTYPE, KV_FMT)
+    finally:
+        set_hook(kvpool.native.ffi.NULL)
     assert calls  # the race happened
     assert got is not None and bytes(got.byte_array) == bytes([3]) * KV_BYTES
-    for obj in (a, b, c, got):
+    other = file_store.get("other", pool, KV_SHAPE, KV_DTYPE, KV_FMT)
+    assert other is not None and bytes(other.byte_array) == bytes([1]) * KV_BYTES
+    for obj in (a, b, c, got, other):
         obj.ref_count_down()
 
 

@@ -1,18 +1,19 @@
-"""File-system primitives of FileStore: flags, atomic exchange, hostile-file checks, full writes.
+"""File-system helpers of FileStore's Python paths: read flags, hostile-file checks, pids.
 
-* The ``open`` flags: entries are read with ``O_NOFOLLOW | O_NONBLOCK``
-  (a symlink fails, a FIFO or device cannot block), temporary files are
-  created with ``O_CREAT | O_EXCL | O_NOFOLLOW``.
+The common put and get are one libpinmem call each
+(:mod:`kvpool.native.entry`); what stays in Python - ``head``, a get whose
+layout is not given, the careful get that names what is wrong with an
+entry, ``cleanup_temp`` - uses these:
+
+* :data:`READ_FLAGS`: entries are read with ``O_NOFOLLOW | O_NONBLOCK``
+  (a symlink fails, a FIFO or device cannot block).
 * :func:`unsafe_file` says why an opened file must not be used (anything
   but a regular file with one link, owned by this user).
-* :func:`exchange` swaps two names atomically (``renameat2(RENAME_EXCHANGE)``).
-* :func:`write_all` writes a header and a payload view with one
-  ``writev``/``pwritev``, completing short writes.
+* :func:`current_pid` / :func:`pid_alive`: whose temporary files are whose.
 """
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import os
 import stat
@@ -21,14 +22,9 @@ __all__ = [
     "CLOEXEC",
     "NOT_A_FILE",
     "READ_FLAGS",
-    "SPARE_FLAGS",
-    "WRITE_FLAGS",
     "current_pid",
-    "exchange",
     "pid_alive",
-    "renameat2",
     "unsafe_file",
-    "write_all",
 ]
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -37,54 +33,12 @@ _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 #: Opening an entry to read it.
 READ_FLAGS = os.O_RDONLY | CLOEXEC | _NOFOLLOW | _NONBLOCK
-#: Creating a temporary file.
-WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | CLOEXEC | _NOFOLLOW
 #: errno of an ``open`` that met something other than a regular file.
 NOT_A_FILE = {
     errno.ELOOP: "a symbolic link",  # O_NOFOLLOW
     errno.ENXIO: "a socket or a device without a driver",
     errno.ENODEV: "a device",
 }
-#: Opening a spare to rewrite it.
-SPARE_FLAGS = os.O_RDWR | CLOEXEC | _NOFOLLOW | _NONBLOCK
-
-
-_RENAME_EXCHANGE = 2
-_AT_FDCWD = -100
-
-
-def _load_renameat2() -> object | None:
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).renameat2
-    except (OSError, AttributeError):  # glibc < 2.28, or not glibc
-        return None
-    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    fn.restype = ctypes.c_int
-    return fn
-
-
-#: ``renameat2`` of the C library, or None where it is missing.
-renameat2 = _load_renameat2()
-
-
-def exchange(a: str, b: str) -> bool:
-    """Atomically swap the files at ``a`` and ``b`` (``renameat2(RENAME_EXCHANGE)``).
-
-    Returns:
-        False when ``b`` does not exist (nothing was done).
-
-    Raises:
-        OSError: the call failed otherwise (``EINVAL``/``ENOSYS``: the file
-            system or kernel cannot exchange).
-    """
-    if renameat2 is None:
-        raise OSError(errno.ENOSYS, "renameat2 is not available")
-    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:  # type: ignore[operator]
-        return True
-    err = ctypes.get_errno()
-    if err == errno.ENOENT and os.path.lexists(a):
-        return False
-    raise OSError(err, os.strerror(err))
 
 
 def _fork_state() -> list[int]:
@@ -143,22 +97,3 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def write_all(fd: int, header: bytes, view: memoryview, at: int | None = None) -> int:
-    """Write header then bytes (one ``writev``/``pwritev``, more if it is short).
-
-    Returns:
-        The bytes written.
-    """
-    total = len(header) + view.nbytes
-    parts = (header, view)
-    done = os.writev(fd, parts) if at is None else os.pwritev(fd, parts, at)
-    hsize = len(header)
-    while done < total:
-        rest = header[done:] if done < hsize else view[done - hsize :]
-        n = os.write(fd, rest) if at is None else os.pwrite(fd, rest, at + done)
-        if n <= 0:
-            raise OSError(errno.EIO, "write made no progress")
-        done += n
-    return total

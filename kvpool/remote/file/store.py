@@ -6,10 +6,13 @@ is shared by every process of the machine; on a disk directory it
 survives restarts (``durable=True`` adds the fsyncs that make it survive
 a power cut).
 
-How the bytes move:
+How the bytes move (the system calls of a put, and of a get whose layout
+is given, are made by one libpinmem call each - ``pinmem_entry_write`` and
+``pinmem_entry_read``, see :mod:`kvpool.native.entry` - with the GIL
+released; the steps are these):
 
 * ``put``: ``open(O_CREAT|O_EXCL)`` of a temporary file, one
-  ``os.writev([header, byte_array])`` (the kernel copies from the pool
+  ``writev([header, byte_array])`` (the kernel copies from the pool
   memory into the file: no copy in Python), ``close``, then ``rename``
   onto the entry's name.  The rename is atomic: a reader sees the old
   entry or the new one, never part of one.  A writer killed before the
@@ -29,12 +32,14 @@ How the bytes move:
   again).  So a reader always reads one whole entry of its key.  Spares are
   ``.tmp-`` files: invisible to readers, removed by ``close`` and by
   :meth:`FileStore.cleanup_temp` once their process is gone.
-* ``get`` with the layout given: ``open`` (+ ``flock``, ``fstat``, ``stat``),
-  allocate, one
-  ``os.preadv([header, byte_array, 1 spare byte])`` (the kernel copies
-  from the file into the new object: the one copy), then the header,
-  sizes and optional CRC are checked; anything wrong frees the object
-  and raises.  Without the layout the header is read first (one more
+* ``get`` with the layout given: allocate, then ``open`` (+ ``fstat``,
+  ``flock``, ``stat``) and one ``preadv([header, byte_array, 1 spare
+  byte])`` (the kernel copies from the file into the new object: the one
+  copy), then the header, sizes and optional CRC are checked.  Anything
+  unusual (no room in the allocator, something other than an entry at
+  the name, a header that differs) frees the object and goes the careful
+  way: the same steps one by one in Python, which name what is wrong (or
+  accept an entry shorter than its layout).  Without the layout the header is read first (one more
   ``pread``) and the stored layout is allocated.
 
 Hostile files: every entry and spare is opened with ``O_NOFOLLOW |
@@ -79,6 +84,7 @@ from kvpool.errors import (
     RemoteStoreError,
 )
 from kvpool.formats import MemoryFormat
+from kvpool.native import entry as entry_calls
 from kvpool.pool.interface import MemoryAllocatorInterface
 from kvpool.pool.objects import MemoryObj
 from kvpool.remote.base import (
@@ -97,15 +103,10 @@ from kvpool.remote.file.io import (
     CLOEXEC,
     NOT_A_FILE,
     READ_FLAGS,
-    SPARE_FLAGS,
-    WRITE_FLAGS,
     current_pid,
     pid_alive,
-    renameat2,
     unsafe_file,
-    write_all,
 )
-from kvpool.remote.file.io import exchange as _exchange
 from kvpool.remote.header import (
     FLAG_PAYLOAD_CRC,
     EntryInfo,
@@ -121,6 +122,9 @@ from kvpool.remote.header import (
 __all__ = ["FileStore"]
 
 _TMP = ".tmp-"
+_BTMP = _TMP.encode()
+# _get_direct's answer for "ask _get_careful".
+_CAREFUL = object()
 _MAX_NAME = 200
 _HEAD_READ = 4096
 _OPEN_TRIES = 100
@@ -197,12 +201,13 @@ class FileStore(RemoteStore):
             raise InvalidArgumentError(f"{path!r} exists and is not a directory")
         self.directory = os.path.abspath(path)
         self._prefix = self.directory + os.sep
+        self._bprefix = os.fsencode(self._prefix)
         self._checksum = checksum
         self._durable = durable
         self._seq = itertools.count()
         # Spare files: replaced entries kept to be overwritten by later puts.
-        self._reuse = reuse_files and not self._durable and renameat2 is not None
-        self._spares: list[str] = []
+        self._reuse = reuse_files and not self._durable
+        self._spares: list[bytes] = []
         self._spares_pid = current_pid()
         self._spares_lock = threading.Lock()
         self._max_spares = io_threads + 1
@@ -226,6 +231,12 @@ class FileStore(RemoteStore):
         if len(name) < _MAX_NAME:
             return self._prefix + "k" + name
         return self._prefix + "h" + hashlib.sha256(kb).hexdigest()
+
+    def _bpath(self, kb: bytes) -> bytes:
+        """``_path(kb)`` as bytes, for the C calls (no decode for a plain key)."""
+        if _PLAIN_NAME(kb) is not None:
+            return self._bprefix + b"k" + kb
+        return os.fsencode(self._path(kb))
 
     def _where(self, action: str, kb: bytes) -> str:
         return f"{action} {kb!r} ({self._path(kb)})"
@@ -258,100 +269,48 @@ class FileStore(RemoteStore):
             layout, fmt, view = describe(memory_obj)
             crc = zlib.crc32(view) if self._checksum else None
             header = encode_header(layout, fmt, view.nbytes, crc)
-            self._write(self._path(kb), header, view, kb)
+            self._write(self._bpath(kb), header, view, kb)
         finally:
             release(memory_obj)
 
-    def _write(self, path: str, header: bytes, view: memoryview, kb: bytes) -> None:
-        if self._reuse:
-            spare = self._take_spare()
-            if spare is not None and self._overwrite_spare(spare, path, header, view, kb):
-                return
-        tmp = f"{self._prefix}{_TMP}{current_pid()}-{next(self._seq)}"
+    def _write(self, path: bytes, header: bytes, view: memoryview, kb: bytes) -> None:
+        """Write the entry (one C call: ``pinmem_entry_write``) into a spare or a new file."""
         try:
-            fd = os.open(tmp, WRITE_FLAGS, 0o644)
-        except OSError as exc:
-            raise self._os_error(exc, "put", kb) from exc
-        try:
-            try:
-                write_all(fd, header, view)
-                if self._durable:
-                    os.fsync(fd)
-            finally:
-                os.close(fd)
             if self._reuse:
-                try:
-                    replaced = _exchange(tmp, path)
-                except OSError as exc:
-                    if exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.EPERM):
-                        raise
-                    self._reuse = False  # this file system cannot exchange
-                    replaced = False
-                if replaced:
-                    self._give_spare(tmp)  # tmp now names the replaced entry
-                    return
-            os.rename(tmp, path)
-        except BaseException as exc:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            if isinstance(exc, OSError) and not isinstance(exc, KVPoolError):
-                raise self._os_error(exc, "put", kb) from exc
-            raise
+                spare = self._take_spare()
+                if spare is not None:
+                    outcome = entry_calls.write_entry(
+                        spare, path, header, view, entry_calls.SPARE | entry_calls.EXCHANGE
+                    )
+                    if outcome != entry_calls.SPARE_UNUSABLE:
+                        if outcome == entry_calls.SWAPPED:
+                            self._give_spare(spare)  # it now names the entry this put replaced
+                        return
+                    # Missing, not ours to write, or a reader still on it: discarded.
+            tmp = b"%s%s%d-%d" % (self._bprefix, _BTMP, current_pid(), next(self._seq))
+            flags = (entry_calls.EXCHANGE if self._reuse else 0) | (
+                entry_calls.SYNC if self._durable else 0
+            )
+            outcome = entry_calls.write_entry(tmp, path, header, view, flags)
+        except OSError as exc:
+            if isinstance(exc, KVPoolError):
+                raise
+            raise self._os_error(exc, "put", kb) from exc
+        if outcome == entry_calls.SWAPPED:
+            self._give_spare(tmp)  # tmp now names the replaced entry
+        elif outcome == entry_calls.RENAMED_NO_EXCHANGE:
+            self._reuse = False  # this file system cannot exchange
         if self._durable:
             self._sync_directory(kb)
 
-    def _overwrite_spare(
-        self, spare: str, path: str, header: bytes, view: memoryview, kb: bytes
-    ) -> bool:
-        """Write the entry into a spare file and swap it in; False: use a new file.
-
-        The spare is locked (``LOCK_EX``) while it is rewritten; a reader that
-        still has it open from when it was an entry holds ``LOCK_SH``, and
-        then the spare is dropped instead.
-        """
-        try:
-            fd = os.open(spare, SPARE_FLAGS)
-        except OSError:
-            with contextlib.suppress(OSError):
-                os.unlink(spare)
-            return False
-        keep = False
-        try:
-            st = os.fstat(fd)
-            if unsafe_file(st) is not None:
-                return False  # not ours to write: the name is unlinked below
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return False  # a reader is still on it
-            total = write_all(fd, header, view, at=0)
-            if st.st_size != total:
-                os.ftruncate(fd, total)
-            if _exchange(spare, path):
-                keep = True  # the spare now names the entry this put replaced
-            else:
-                os.rename(spare, path)  # the entry was deleted meanwhile
-            return True
-        except BaseException as exc:
-            if isinstance(exc, OSError) and not isinstance(exc, KVPoolError):
-                raise self._os_error(exc, "put", kb) from exc
-            raise
-        finally:
-            os.close(fd)  # also drops the lock
-            if keep:
-                self._give_spare(spare)
-            else:
-                with contextlib.suppress(OSError):
-                    os.unlink(spare)
-
-    def _take_spare(self) -> str | None:
+    def _take_spare(self) -> bytes | None:
         with self._spares_lock:
             if self._spares_pid != current_pid():  # forked: those are the parent's
                 self._spares = []
                 self._spares_pid = current_pid()
             return self._spares.pop() if self._spares else None
 
-    def _give_spare(self, name: str) -> None:
+    def _give_spare(self, name: bytes) -> None:
         with self._spares_lock:
             if (
                 self._spares_pid == current_pid()
@@ -409,6 +368,61 @@ class FileStore(RemoteStore):
         kb = key_bytes(key)
         self._check_open()
         layout, fmt = get_request(allocator, shapes, dtypes, fmt)
+        if layout is not None and fmt is not None:
+            got = self._get_direct(kb, allocator, layout, fmt)
+            if got is not _CAREFUL:
+                return got  # type: ignore[return-value]
+        return self._get_careful(kb, allocator, layout, fmt)
+
+    def _get_direct(
+        self, kb: bytes, allocator: MemoryAllocatorInterface, layout: Layout, fmt: MemoryFormat
+    ) -> MemoryObj | object | None:
+        """The common get: allocate, then one C call (``pinmem_entry_read``) reads it all.
+
+        Returns:
+            The object, None (no entry), or ``_CAREFUL``: anything unusual -
+            the allocator refused, something other than an entry is at the
+            name, the header or size differs - is left to
+            :meth:`_get_careful`, which opens the entry again and says what
+            is wrong (or accepts a narrowed entry).
+        """
+        try:
+            obj, view = destination(allocator, layout, fmt, lambda: self._where("get", kb))
+        except KVPoolError:
+            return _CAREFUL  # e.g. a full pool: a missing key must still give None
+        try:
+            header = bytearray(layout.header_size)
+            outcome, n = entry_calls.read_entry(self._bpath(kb), header, view)
+            if outcome == entry_calls.READ and n == layout.header_size + layout.nbytes:
+                if header == layout.plain_header(fmt):
+                    return obj
+                if matches(header, layout):
+                    flags, size, crc, fmt_value = fixed_fields(header)
+                    if (
+                        size == layout.nbytes
+                        and fmt_value == fmt.value
+                        and (not flags & FLAG_PAYLOAD_CRC or zlib.crc32(view) == crc)
+                    ):
+                        return obj
+            elif outcome == entry_calls.MISSING:
+                discard(obj)
+                return None
+        except BaseException as exc:
+            discard(obj)
+            if isinstance(exc, OSError) and not isinstance(exc, KVPoolError):
+                raise self._os_error(exc, "get", kb) from exc
+            raise
+        discard(obj)
+        return _CAREFUL
+
+    def _get_careful(
+        self,
+        kb: bytes,
+        allocator: MemoryAllocatorInterface,
+        layout: Layout | None,
+        fmt: MemoryFormat | None,
+    ) -> MemoryObj | None:
+        """A get step by step in Python: open, check, then allocate and read; every error named."""
         fd = self._open_entry(kb, "get")
         if fd is None:
             return None
