@@ -148,6 +148,7 @@ PINMEM_API int pinmem_entry_write(const char *temp, const char *path, const void
         if (fd < 0)
             return pm_fail(PINMEM_ESYS, errno, "open(%.200s, O_CREAT | O_EXCL) failed", temp);
     }
+    pm_entry_hook(PINMEM_HOOK_WRITE_BEFORE_DATA);
     struct iovec iov[2] = {{(void *)header, header_len}, {(void *)data, data_len}};
     const char *step = "write";
     int failed = pm_write_all(fd, iov, 2, spare) != 0;
@@ -214,7 +215,7 @@ PINMEM_API int pinmem_entry_read(const char *path, void *header, size_t header_l
             close(fd);
             return PINMEM_OK;
         }
-        pm_entry_read_hook();
+        pm_entry_hook(PINMEM_HOOK_READ_BEFORE_LOCK);
         /* A writer rewrites a spare only under LOCK_EX, so with LOCK_SH
          * held the file cannot change; then check it is still the entry. */
         if (flock(fd, LOCK_SH) != 0) {

@@ -1,4 +1,4 @@
-/* Test-only fault switches and the entry-read hook (built with -DPINMEM_TESTING; absent otherwise). */
+/* Test-only fault switches and the entry-call hooks (built with -DPINMEM_TESTING; absent otherwise). */
 #include "internal.h"
 
 #ifdef PINMEM_TESTING
@@ -21,18 +21,21 @@ PINMEM_API int pinmem_test_set_fault(int fault, int on)
     return PINMEM_OK;
 }
 
-static void (*pm_read_hook)(void); /* atomic */
+static void (*pm_hooks[PINMEM_HOOK_COUNT])(void); /* atomics */
 
-void pm_entry_read_hook(void)
+void pm_entry_hook(int point)
 {
-    void (*hook)(void) = __atomic_exchange_n(&pm_read_hook, NULL, __ATOMIC_ACQ_REL);
+    void (*hook)(void) = __atomic_exchange_n(&pm_hooks[point], NULL, __ATOMIC_ACQ_REL);
     if (hook != NULL)
         hook();
 }
 
-PINMEM_API int pinmem_test_set_entry_read_hook(void (*hook)(void))
+PINMEM_API int pinmem_test_set_entry_hook(int point, void (*hook)(void))
 {
-    __atomic_store_n(&pm_read_hook, hook, __ATOMIC_RELEASE);
+    if (point < 0 || point >= PINMEM_HOOK_COUNT)
+        return pm_fail(PINMEM_EINVAL, 0, "hook point %d does not exist (0..%d)", point,
+                       PINMEM_HOOK_COUNT - 1);
+    __atomic_store_n(&pm_hooks[point], hook, __ATOMIC_RELEASE);
     return PINMEM_OK;
 }
 

@@ -44,12 +44,12 @@ PM_HIDDEN int64_t pm_opt(int option);
 #ifdef PINMEM_TESTING
 /* Nonzero while the pinmem_fault is switched on. */
 PM_HIDDEN int pm_fault(int fault);
-/* Run (and clear) the hook of pinmem_test_set_entry_read_hook, if any. */
-PM_HIDDEN void pm_entry_read_hook(void);
+/* Run (and clear) the pinmem_test_set_entry_hook hook of point, if any. */
+PM_HIDDEN void pm_entry_hook(int point);
 #else
 /* Production builds have no faults: every check folds away. */
 #define pm_fault(fault) 0
-#define pm_entry_read_hook() ((void)0)
+#define pm_entry_hook(point) ((void)0)
 #endif
 
 /* ---- util.c: small OS helpers ---- */

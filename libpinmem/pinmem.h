@@ -603,10 +603,19 @@ typedef enum pinmem_fault {
  * fault that does not exist. */
 PINMEM_API int pinmem_test_set_fault(int fault, int on);
 
-/* Have pinmem_entry_read call hook once, between its open and its lock
- * (the moment a concurrent put can swap the file out); NULL removes it.
- * The hook is cleared before it runs, so it may itself read entries. */
-PINMEM_API int pinmem_test_set_entry_read_hook(void (*hook)(void));
+/* Where the entry calls run a test's hook. */
+typedef enum pinmem_entry_hook {
+    PINMEM_HOOK_READ_BEFORE_LOCK = 0,  /* pinmem_entry_read, between its open and its
+                                        * lock (when a put can swap the file out) */
+    PINMEM_HOOK_WRITE_BEFORE_DATA = 1, /* pinmem_entry_write, before it writes (while
+                                        * the caller holds the source's bytes) */
+    PINMEM_HOOK_COUNT = 2
+} pinmem_entry_hook;
+
+/* Have the entry calls run hook once at point (then the hook is cleared,
+ * before it runs, so it may itself call them); NULL removes it;
+ * PINMEM_EINVAL for a point that does not exist. */
+PINMEM_API int pinmem_test_set_entry_hook(int point, void (*hook)(void));
 
 /* PINMEM_TEST_CDEF_END */
 #endif

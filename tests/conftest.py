@@ -8,8 +8,9 @@ than one folder needs (``hugepage_pool``) are imported from there.
 * ``shm_name``: a fresh POSIX shared-memory name, unlinked afterwards if a
   test left it behind.
 * ``child_env`` / ``python``: for child processes that import this kvpool.
-* ``faults``: libpinmem's test faults (``pinmem_test_set_fault``, only in
-  the test build loaded below), all switched off after the test.
+* ``faults``: libpinmem's test faults (``pinmem_test_set_fault``) and entry
+  hooks (``pinmem_test_set_entry_hook``), only in the test build loaded
+  below; all switched off after the test.
 * ``_fast_gc`` (session, autouse): objects alive at the start are moved out
   of the cycle collector's way, so the many ``gc.collect()`` calls of the
   leak checks stay cheap.
@@ -131,6 +132,15 @@ class Faults:
 
     def __init__(self, setter: Any) -> None:
         self._setter = setter
+        self._callbacks: list[Any] = []  # kept alive while C may call them
+
+    def hook(self, point: str, fn: Any) -> None:
+        """Have the entry calls run ``fn()`` once at ``point`` ("read_before_lock"...)."""
+        ffi, lib = kvpool.native.ffi, kvpool.native.lib
+        callback = ffi.callback("void(void)", fn)
+        self._callbacks.append(callback)
+        where = getattr(lib, f"PINMEM_HOOK_{point.upper()}")
+        kvpool.native.check(lib.pinmem_test_set_entry_hook(where, callback), f"hook {point}")
 
     def set(self, name: str, on: bool = True) -> None:
         """Switch a fault on or off by its name in pinmem.h, e.g. "mlock_eperm"."""
@@ -138,9 +148,12 @@ class Faults:
         kvpool.native.check(self._setter(fault, 1 if on else 0), f"set fault {name}")
 
     def clear(self) -> None:
-        """Switch every fault off."""
-        for fault in range(kvpool.native.lib.PINMEM_FAULT_COUNT):
+        """Switch every fault off and remove every hook."""
+        lib = kvpool.native.lib
+        for fault in range(lib.PINMEM_FAULT_COUNT):
             self._setter(fault, 0)
+        for point in range(lib.PINMEM_HOOK_COUNT):
+            lib.pinmem_test_set_entry_hook(point, kvpool.native.ffi.NULL)
 
 
 @pytest.fixture

@@ -194,7 +194,7 @@ static void test_production_surface(const char *path)
         return;
     CHECK(dlsym(h, "pinmem_alloc") != NULL, "has pinmem_alloc");
     CHECK(dlsym(h, "pinmem_test_set_fault") == NULL, "no pinmem_test_set_fault");
-    CHECK(dlsym(h, "pinmem_test_set_entry_read_hook") == NULL, "no entry read hook");
+    CHECK(dlsym(h, "pinmem_test_set_entry_hook") == NULL, "no entry hooks");
     dlclose(h);
     FILE *f = fopen(path, "rb");
     CHECK(f != NULL, "open %s", path);
@@ -1276,6 +1276,10 @@ static const char *entry_text(const char *path)
     return buf;
 }
 
+static int entry_hook_calls;
+
+static void count_entry_hook(void) { entry_hook_calls++; }
+
 static void test_entries(void)
 {
     char dir[] = "/tmp/pinmem-entries-XXXXXX";
@@ -1405,6 +1409,21 @@ static void test_entries(void)
     CHECK(pinmem_entry_read(entry, head, 4, back, sizeof back, &outcome, &nread) == PINMEM_OK &&
               nread == 4 + sizeof big,
           "the entry is kept after a failed put");
+
+    /* Test hooks run once, at their point. */
+    entry_hook_calls = 0;
+    CHECK(pinmem_test_set_entry_hook(PINMEM_HOOK_COUNT, count_entry_hook) == PINMEM_EINVAL,
+          "a hook point that does not exist");
+    CHECK(pinmem_test_set_entry_hook(PINMEM_HOOK_READ_BEFORE_LOCK, count_entry_hook) ==
+              PINMEM_OK, "set the read hook");
+    for (int i = 0; i < 2; i++)
+        pinmem_entry_read(entry, head, 4, back, sizeof back, &outcome, &nread);
+    CHECK(entry_hook_calls == 1, "read hook ran %d times, not once", entry_hook_calls);
+    pinmem_test_set_entry_hook(PINMEM_HOOK_WRITE_BEFORE_DATA, count_entry_hook);
+    CHECK(pinmem_entry_write(temp, entry, "H:", 2, "xx", 2, PINMEM_ENTRY_EXCHANGE, &outcome) ==
+                  PINMEM_OK && entry_hook_calls == 2,
+          "write hook: %d calls", entry_hook_calls);
+    CHECK(strcmp(entry_text(entry), "H:xx") == 0, "entry holds '%s'", entry_text(entry));
 
     /* Bad arguments. */
     CHECK(pinmem_entry_write(NULL, entry, "", 0, "", 0, 0, &outcome) == PINMEM_EINVAL, "NULL temp");

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import gc
 import logging
-import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -168,7 +167,7 @@ def test_strict_mode_raises_for_views_left_behind(strict: None) -> None:
 
 
 def test_a_free_during_a_store_put_does_not_reuse_the_bytes_under_the_io(
-    tmp_path: Path, lenient: None
+    tmp_path: Path, lenient: None, faults: Any
 ) -> None:
     pool = kvpool.TensorMemoryAllocator(torch.zeros(4 * MIB, dtype=torch.uint8))
     store = FileStore(str(tmp_path))
@@ -179,13 +178,9 @@ def test_a_free_during_a_store_put_does_not_reuse_the_bytes_under_the_io(
     started = threading.Event()
     resume = threading.Event()
 
-    def slow(real: Callable[..., int]) -> Callable[..., int]:
-        def write(*args: Any) -> int:
-            started.set()
-            assert resume.wait(30), "the test never resumed the write"
-            return real(*args)
-
-        return write
+    def pause() -> None:  # libpinmem's hook: the put is about to write the bytes
+        started.set()
+        assert resume.wait(30), "the test never resumed the write"
 
     errors: list[BaseException] = []
 
@@ -195,10 +190,7 @@ def test_a_free_during_a_store_put_does_not_reuse_the_bytes_under_the_io(
         except BaseException as exc:  # reported below
             errors.append(exc)
 
-    monkey = pytest.MonkeyPatch()
-    for name in ("writev", "pwritev", "write", "pwrite"):  # whichever the store uses
-        if hasattr(os, name):
-            monkey.setattr(os, name, slow(getattr(os, name)))
+    faults.hook("write_before_data", pause)
     try:
         writer = threading.Thread(target=put)
         writer.start()
@@ -210,7 +202,6 @@ def test_a_free_during_a_store_put_does_not_reuse_the_bytes_under_the_io(
         writer.join(30)
         assert not writer.is_alive()
     finally:
-        monkey.undo()
         resume.set()
     assert not errors, errors
     entries = [p for p in tmp_path.rglob("*") if p.is_file()]

@@ -643,30 +643,22 @@ def test_a_file_being_read_is_not_reused(
 
 
 def test_reader_reopens_when_its_file_was_swapped_out(
-    file_store: FileStore, pool: kvpool.TensorMemoryAllocator
+    file_store: FileStore, pool: kvpool.TensorMemoryAllocator, faults: Any
 ) -> None:
     a, b, c = (_uniform(pool, v) for v in (1, 2, 3))
     file_store.put("k", a)
     file_store.put("other", b)
     calls = []
 
-    # Between the reader's open and its lock (libpinmem's test hook), the
-    # writer swaps "k" out and rewrites its old file for another key.
-    @kvpool.native.ffi.callback("void(void)")
     def racing_writer() -> None:
+        # Between the reader's open and its lock, the writer swaps "k" out
+        # and rewrites its old file for another key.
         calls.append(1)
         file_store.put("k", c)  # "k"'s old file becomes a spare
         file_store.put("other", a)  # ... rewritten with "other"'s entry
 
-    try:
-        set_hook = kvpool.native.lib.pinmem_test_set_entry_read_hook
-    except (AttributeError, kvpool.native.ffi.error):
-        pytest.skip("needs libpinmem's test build (`make lib`)")
-    set_hook(racing_writer)
-    try:
-        got = file_store.get("k", pool, KV_SHAPE, KV_DTYPE, KV_FMT)
-    finally:
-        set_hook(kvpool.native.ffi.NULL)
+    faults.hook("read_before_lock", racing_writer)
+    got = file_store.get("k", pool, KV_SHAPE, KV_DTYPE, KV_FMT)
     assert calls  # the race happened
     assert got is not None and bytes(got.byte_array) == bytes([3]) * KV_BYTES
     other = file_store.get("other", pool, KV_SHAPE, KV_DTYPE, KV_FMT)
