@@ -27,7 +27,7 @@ from kvpool.errors import (
 from kvpool.remote import AsyncFileStore, FileStore, open_store
 from kvpool.remote.header import FIXED_SIZE
 
-from .conftest import KV_DTYPE, KV_FMT, KV_SHAPE, fill
+from .conftest import KV_DTYPE, KV_FMT, KV_SHAPE, assert_clean, fill
 from .hostile_server import bounded
 
 KV_BYTES = KV_SHAPE.numel() * KV_DTYPE.itemsize
@@ -708,3 +708,37 @@ def test_processes_never_see_torn_or_foreign_entries(tmp_path: Path) -> None:
         assert proc.exitcode == 0
     assert all(bad == 0 for _, _, bad in out), out
     assert all(n > 0 for _, n, _ in out), out
+
+
+# -- batched_get: destinations first, then the reads ---------------------
+
+
+def test_batched_get_needs_room_only_for_the_entries_found(file_store: FileStore) -> None:
+    small = kvpool.TensorMemoryAllocator(torch.empty(3 * KV_BYTES, dtype=torch.uint8))
+    big = kvpool.TensorMemoryAllocator(torch.empty(8 << 20, dtype=torch.uint8))
+    for key, value in (("b", 2), ("e", 5)):
+        obj = _uniform(big, value)
+        file_store.put(key, obj)
+        obj.ref_count_down()
+    got = file_store.batched_get(list("abcdef"), small, KV_SHAPE, KV_DTYPE, KV_FMT)
+    assert [None if g is None else g.byte_array[0] for g in got] == [None, 2, None, None, 5, None]
+    small.batched_free([g for g in got if g is not None])
+    assert_clean(small)
+    small.close()
+    big.close()
+
+
+def test_batched_get_frees_everything_when_an_entry_is_damaged(
+    file_store: FileStore, pool: kvpool.TensorMemoryAllocator
+) -> None:
+    objs = [_uniform(pool, v) for v in range(4)]
+    file_store.batched_put(["a", "b", "c", "d"], objs)
+    pool.batched_free(objs)
+    path = file_store.path("c")
+    os.truncate(path, os.path.getsize(path) - 1)  # c is one byte short
+    with pytest.raises(CorruptEntryError, match="truncated"):
+        file_store.batched_get(["a", "b", "c", "d"], pool, KV_SHAPE, KV_DTYPE, KV_FMT)
+    # the pool fixture checks that nothing is left allocated
+    got = file_store.batched_get(["d", "a"], pool, KV_SHAPE, KV_DTYPE, KV_FMT)
+    assert [g.byte_array[0] for g in got] == [3, 0]  # type: ignore[union-attr]
+    pool.batched_free(got)

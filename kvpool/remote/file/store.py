@@ -97,6 +97,7 @@ from kvpool.remote.base import (
     get_request,
     hold,
     key_bytes,
+    key_list,
     release,
 )
 from kvpool.remote.file.io import (
@@ -125,6 +126,8 @@ _TMP = ".tmp-"
 _BTMP = _TMP.encode()
 # _get_direct's answer for "ask _get_careful".
 _CAREFUL = object()
+# A destination of batched_get handed to _read_direct (which frees it on failure).
+_TAKEN: tuple[MemoryObj, memoryview] = (None, None)  # type: ignore[assignment]
 _MAX_NAME = 200
 _HEAD_READ = 4096
 _OPEN_TRIES = 100
@@ -390,6 +393,15 @@ class FileStore(RemoteStore):
             obj, view = destination(allocator, layout, fmt, lambda: self._where("get", kb))
         except KVPoolError:
             return _CAREFUL  # e.g. a full pool: a missing key must still give None
+        return self._read_direct(kb, obj, view, layout, fmt)
+
+    def _read_direct(
+        self, kb: bytes, obj: MemoryObj, view: memoryview, layout: Layout, fmt: MemoryFormat
+    ) -> MemoryObj | object | None:
+        """Read ``kb``'s entry into ``obj`` (one C call); as :meth:`_get_direct`.
+
+        ``obj`` is freed unless it is returned.
+        """
         try:
             header = bytearray(layout.header_size)
             outcome, n = entry_calls.read_entry(self._bpath(kb), header, view)
@@ -414,6 +426,62 @@ class FileStore(RemoteStore):
             raise
         discard(obj)
         return _CAREFUL
+
+    def batched_get(
+        self,
+        keys: Sequence[Key],
+        allocator: MemoryAllocatorInterface,
+        shapes: torch.Size | Sequence[torch.Size] | None = None,
+        dtypes: torch.dtype | Sequence[torch.dtype] | None = None,
+        fmt: MemoryFormat | None = None,
+    ) -> list[MemoryObj | None]:
+        """``get`` of each key (see :meth:`RemoteStore.batched_get`).
+
+        With the layout given and one I/O thread, every destination is
+        allocated first, then the entries are read one after the other,
+        one C call each: the pool's Python work is not interleaved with
+        the copies, which evict it from the CPU caches.  A pool that
+        fills up part way leaves the rest to single gets, so a batch
+        needs no more room than its entries.
+
+        Raises:
+            As :meth:`get`; every object this call allocated is freed first.
+        """
+        kbs = key_list(keys)
+        self._check_open()
+        layout, req_fmt = get_request(allocator, shapes, dtypes, fmt)
+        if layout is None or req_fmt is None or self._io_threads > 1 or len(kbs) < 2:
+            return super().batched_get(keys, allocator, shapes, dtypes, fmt)
+        ready: list[tuple[MemoryObj, memoryview]] = []
+        out: list[MemoryObj | None] = []
+        try:
+            for kb in kbs:
+                try:
+                    ready.append(
+                        destination(
+                            allocator, layout, req_fmt, lambda kb=kb: self._where("get", kb)
+                        )
+                    )
+                except KVPoolError:
+                    break  # no room (or another refusal): single gets say what
+            for i, kb in enumerate(kbs):
+                if i < len(ready):
+                    obj, view = ready[i]
+                    ready[i] = _TAKEN  # type: ignore[assignment]  # _read_direct owns it now
+                    got = self._read_direct(kb, obj, view, layout, req_fmt)
+                    if got is _CAREFUL:
+                        got = self._get_careful(kb, allocator, layout, req_fmt)
+                else:
+                    got = self.get(kb, allocator, shapes, dtypes, fmt)
+                out.append(got)  # type: ignore[arg-type]
+        except BaseException:
+            for item in ready:
+                if item is not _TAKEN:
+                    discard(item[0])
+            for got in out:
+                discard(got)
+            raise
+        return out
 
     def _get_careful(
         self,
