@@ -60,7 +60,6 @@ outside the directory.  Temporary files start with ``.tmp-``.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import fcntl
 import hashlib
@@ -68,8 +67,6 @@ import itertools
 import os
 import re
 import stat
-import threading
-import time
 import zlib
 from collections.abc import Sequence
 from urllib.parse import quote_from_bytes
@@ -104,10 +101,9 @@ from kvpool.remote.file.io import (
     CLOEXEC,
     NOT_A_FILE,
     READ_FLAGS,
-    current_pid,
-    pid_alive,
     unsafe_file,
 )
+from kvpool.remote.file.spares import Spares, remove_dead_temp, temp_name
 from kvpool.remote.header import (
     FLAG_PAYLOAD_CRC,
     EntryInfo,
@@ -122,8 +118,6 @@ from kvpool.remote.header import (
 
 __all__ = ["FileStore"]
 
-_TMP = ".tmp-"
-_BTMP = _TMP.encode()
 # _get_direct's answer for "ask _get_careful".
 _CAREFUL = object()
 # A destination of batched_get handed to _read_direct (which frees it on failure).
@@ -210,10 +204,7 @@ class FileStore(RemoteStore):
         self._seq = itertools.count()
         # Spare files: replaced entries kept to be overwritten by later puts.
         self._reuse = reuse_files and not self._durable
-        self._spares: list[bytes] = []
-        self._spares_pid = current_pid()
-        self._spares_lock = threading.Lock()
-        self._max_spares = io_threads + 1
+        self._spares = Spares(io_threads + 1)
         if cleanup_temp_age_s is not None:
             self.cleanup_temp(cleanup_temp_age_s)
 
@@ -280,17 +271,17 @@ class FileStore(RemoteStore):
         """Write the entry (one C call: ``pinmem_entry_write``) into a spare or a new file."""
         try:
             if self._reuse:
-                spare = self._take_spare()
+                spare = self._spares.take()
                 if spare is not None:
                     outcome = entry_calls.write_entry(
                         spare, path, header, view, entry_calls.SPARE | entry_calls.EXCHANGE
                     )
                     if outcome != entry_calls.SPARE_UNUSABLE:
                         if outcome == entry_calls.SWAPPED:
-                            self._give_spare(spare)  # it now names the entry this put replaced
+                            self._spares.give(spare)  # it now names the entry this put replaced
                         return
                     # Missing, not ours to write, or a reader still on it: discarded.
-            tmp = b"%s%s%d-%d" % (self._bprefix, _BTMP, current_pid(), next(self._seq))
+            tmp = temp_name(self._bprefix, next(self._seq))
             flags = (entry_calls.EXCHANGE if self._reuse else 0) | (
                 entry_calls.SYNC if self._durable else 0
             )
@@ -300,38 +291,14 @@ class FileStore(RemoteStore):
                 raise
             raise self._os_error(exc, "put", kb) from exc
         if outcome == entry_calls.SWAPPED:
-            self._give_spare(tmp)  # tmp now names the replaced entry
+            self._spares.give(tmp)  # tmp now names the replaced entry
         elif outcome == entry_calls.RENAMED_NO_EXCHANGE:
             self._reuse = False  # this file system cannot exchange
         if self._durable:
             self._sync_directory(kb)
 
-    def _take_spare(self) -> bytes | None:
-        with self._spares_lock:
-            if self._spares_pid != current_pid():  # forked: those are the parent's
-                self._spares = []
-                self._spares_pid = current_pid()
-            return self._spares.pop() if self._spares else None
-
-    def _give_spare(self, name: bytes) -> None:
-        with self._spares_lock:
-            if (
-                self._spares_pid == current_pid()
-                and len(self._spares) < self._max_spares
-                and not self._closed
-            ):
-                self._spares.append(name)
-                return
-        with contextlib.suppress(OSError):
-            os.unlink(name)
-
     def _close(self) -> None:
-        with self._spares_lock:
-            spares, self._spares = self._spares, []
-            mine = self._spares_pid == current_pid()
-        for name in spares if mine else ():
-            with contextlib.suppress(OSError):
-                os.unlink(name)
+        self._spares.close()
 
     def _sync_directory(self, kb: bytes) -> None:
         try:
@@ -713,33 +680,7 @@ class FileStore(RemoteStore):
             RemoteStoreError: the directory cannot be listed.
         """
         min_age_s = check_seconds("min_age_s", min_age_s, allow_zero=True)  # type: ignore[assignment]
-        now = time.time()
-        me = current_pid()
-        removed = 0
-        try:
-            entries = list(os.scandir(self.directory))
-        except OSError as exc:
-            raise RemoteStoreError(
-                exc.errno, f"cannot list {self.directory!r}: {exc.strerror}"
-            ) from exc
-        for entry in entries:
-            name = entry.name
-            if not name.startswith(_TMP):
-                continue
-            try:
-                pid = int(name[len(_TMP) :].split("-", 1)[0])
-            except ValueError:
-                continue
-            if pid == me or pid_alive(pid):
-                continue
-            try:
-                if now - entry.stat(follow_symlinks=False).st_mtime < min_age_s:
-                    continue
-                os.unlink(entry.path)
-            except FileNotFoundError:
-                continue
-            removed += 1
-        return removed
+        return remove_dead_temp(self.directory, min_age_s)
 
     def __repr__(self) -> str:
         return f"<FileStore {self.directory!r}{' closed' if self._closed else ''}>"
