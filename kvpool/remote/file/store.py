@@ -39,8 +39,9 @@ released; the steps are these):
   unusual (no room in the allocator, something other than an entry at
   the name, a header that differs) frees the object and goes the careful
   way: the same steps one by one in Python, which name what is wrong (or
-  accept an entry shorter than its layout).  Without the layout the header is read first (one more
-  ``pread``) and the stored layout is allocated.
+  accept an entry shorter than its layout).  Without the layout the
+  header is read first (one more ``pread``) and the stored layout is
+  allocated.
 
 Hostile files: every entry and spare is opened with ``O_NOFOLLOW |
 O_NONBLOCK`` (a symlink is refused, a FIFO or device cannot block the
