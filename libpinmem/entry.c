@@ -161,8 +161,7 @@ PINMEM_API int pinmem_entry_write(const char *temp, const char *path, const void
         failed = fsync(fd) != 0;
     }
     int err = errno;
-    /* Placed while the spare's lock is held, so no reader can lock the
-     * half-placed file; closing drops the lock. */
+    /* The file is closed (dropping a spare's lock) only after the rename. */
     if (!failed && pm_fault(PINMEM_FAULT_ENTRY_DIE_BEFORE_RENAME))
         raise(SIGKILL); /* a writer that crashes between its write and its rename */
     if (!failed) {

@@ -58,6 +58,7 @@ __all__ = [
     "Layout",
     "decode_header",
     "encode_header",
+    "is_full_entry",
     "layout_for",
 ]
 
@@ -464,6 +465,32 @@ def matches(buf: bytes | bytearray | memoryview, layout: Layout) -> bool:
     if view[FIXED_SIZE:end] != layout.record:
         return False
     return header_crc(view, size) == crc
+
+
+def is_full_entry(
+    header: bytes | bytearray | memoryview,
+    layout: Layout,
+    fmt: MemoryFormat,
+    payload: bytes | bytearray | memoryview,
+) -> bool:
+    """True when ``header`` announces a full-size ``layout`` entry in ``fmt`` that ``payload`` is.
+
+    The whole check of a ``get`` that read header and payload in one go:
+    the plain header byte for byte (the common case), else a valid header
+    of this layout, size and format whose payload CRC, if it records one,
+    matches ``payload``.  False means "look closer" (a narrowed entry,
+    another layout, damage), not necessarily an error.
+    """
+    if header == layout.plain_header(fmt):
+        return True
+    if not matches(header, layout):
+        return False
+    flags, size, crc, fmt_value = fixed_fields(header)
+    return (
+        size == layout.nbytes
+        and fmt_value == fmt.value
+        and (not flags & FLAG_PAYLOAD_CRC or zlib.crc32(payload) == crc)
+    )
 
 
 def fixed_fields(buf: bytes | bytearray | memoryview) -> tuple[int, int, int, int]:

@@ -69,6 +69,7 @@ import os
 import re
 import stat
 import zlib
+from collections import deque
 from collections.abc import Sequence
 from urllib.parse import quote_from_bytes
 
@@ -106,14 +107,12 @@ from kvpool.remote.file.io import (
 )
 from kvpool.remote.file.spares import Spares, remove_dead_temp, temp_name
 from kvpool.remote.header import (
-    FLAG_PAYLOAD_CRC,
     EntryInfo,
     Layout,
     decode_header,
     encode_header,
-    fixed_fields,
+    is_full_entry,
     layout_for,
-    matches,
     peek_header_size,
 )
 
@@ -121,8 +120,6 @@ __all__ = ["FileStore"]
 
 # _get_direct's answer for "ask _get_careful".
 _CAREFUL = object()
-# A destination of batched_get handed to _read_direct (which frees it on failure).
-_TAKEN: tuple[MemoryObj, memoryview] = (None, None)  # type: ignore[assignment]
 _MAX_NAME = 200
 _HEAD_READ = 4096
 _OPEN_TRIES = 100
@@ -373,17 +370,11 @@ class FileStore(RemoteStore):
         try:
             header = bytearray(layout.header_size)
             outcome, n = entry_calls.read_entry(self._bpath(kb), header, view)
-            if outcome == entry_calls.READ and n == layout.header_size + layout.nbytes:
-                if header == layout.plain_header(fmt):
+            if outcome == entry_calls.READ:
+                if n == layout.header_size + layout.nbytes and is_full_entry(
+                    header, layout, fmt, view
+                ):
                     return obj
-                if matches(header, layout):
-                    flags, size, crc, fmt_value = fixed_fields(header)
-                    if (
-                        size == layout.nbytes
-                        and fmt_value == fmt.value
-                        and (not flags & FLAG_PAYLOAD_CRC or zlib.crc32(view) == crc)
-                    ):
-                        return obj
             elif outcome == entry_calls.MISSING:
                 discard(obj)
                 return None
@@ -420,7 +411,11 @@ class FileStore(RemoteStore):
         layout, req_fmt = get_request(allocator, shapes, dtypes, fmt)
         if layout is None or req_fmt is None or self._io_threads > 1 or len(kbs) < 2:
             return super().batched_get(keys, allocator, shapes, dtypes, fmt)
-        ready: list[tuple[MemoryObj, memoryview]] = []
+        # Destinations waiting for their read.  Each leaves the deque when it
+        # goes to _read_direct (which frees it unless it returns it), and no
+        # local keeps its view: a freed destination's bytes are reusable at
+        # once by the single gets that follow.
+        ready: deque[tuple[MemoryObj, memoryview]] = deque()
         out: list[MemoryObj | None] = []
         try:
             for kb in kbs:
@@ -432,20 +427,17 @@ class FileStore(RemoteStore):
                     )
                 except KVPoolError:
                     break  # no room (or another refusal): single gets say what
-            for i, kb in enumerate(kbs):
-                if i < len(ready):
-                    obj, view = ready[i]
-                    ready[i] = _TAKEN  # type: ignore[assignment]  # _read_direct owns it now
-                    got = self._read_direct(kb, obj, view, layout, req_fmt)
+            for kb in kbs:
+                if ready:
+                    got = self._read_direct(kb, *ready.popleft(), layout, req_fmt)
                     if got is _CAREFUL:
                         got = self._get_careful(kb, allocator, layout, req_fmt)
                 else:
                     got = self.get(kb, allocator, shapes, dtypes, fmt)
                 out.append(got)  # type: ignore[arg-type]
         except BaseException:
-            for item in ready:
-                if item is not _TAKEN:
-                    discard(item[0])
+            for obj, _ in ready:
+                discard(obj)
             for got in out:
                 discard(got)
             raise
@@ -468,17 +460,10 @@ class FileStore(RemoteStore):
                 obj, view = destination(allocator, layout, fmt, lambda: self._where("get", kb))
                 header = bytearray(layout.header_size)
                 n = os.preadv(fd, (header, view, bytearray(1)), 0)
-                if n == layout.header_size + layout.nbytes:
-                    if header == layout.plain_header(fmt):
-                        return obj
-                    if matches(header, layout):
-                        flags, size, crc, fmt_value = fixed_fields(header)
-                        if (
-                            size == layout.nbytes
-                            and fmt_value == fmt.value
-                            and (not flags & FLAG_PAYLOAD_CRC or zlib.crc32(view) == crc)
-                        ):
-                            return obj
+                if n == layout.header_size + layout.nbytes and is_full_entry(
+                    header, layout, fmt, view
+                ):
+                    return obj
                 # Something differs: find out what (or accept a narrowed entry).
                 info = self._diagnose(fd, n, layout, fmt, kb)
                 self._finish(obj, view, info, kb)
