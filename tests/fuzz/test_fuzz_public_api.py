@@ -154,6 +154,16 @@ def _quiet_and_restored() -> Iterator[None]:
     logger.setLevel(level)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _in_scratch_directory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Run from a scratch directory: a drawn text is a valid relative path, and
+    ``FileStore(<text>)`` creates it - in the checkout, were the tests run there."""
+    previous = os.getcwd()
+    os.chdir(tmp_path_factory.mktemp("fuzz-cwd"))
+    yield
+    os.chdir(previous)
+
+
 def check_call(target: Target, data: st.DataObject) -> None:
     """Put the context in a drawn state, call ``target`` with drawn arguments, check."""
     with context() as ctx:
