@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 import pytest
+from hugepage_pool import reserve_hugepages
 
 from kvpool.cli.bench import bare, lazy_first, populate_variants
 from kvpool.cli.bench.core import Settings
@@ -47,7 +48,23 @@ def test_populate_variants_side_by_side_with_json_and_plot(tmp_path: Path, capsy
     assert DEFAULT_POOL in phase["gbps"] and "torch.zeros" in phase["gbps"]
     assert phase["best_bare"].startswith("bare ")
     assert phase["pool_vs_torch"] > 0 and phase["pool_vs_best_bare"] > 0
+    assert phase["huge_pool_vs_torch"] is None  # no hugepage phase without --hugepages
     assert png.stat().st_size > 1000
+
+
+@pytest.mark.hugepages
+def test_populate_variants_hugepage_phase_has_the_pool_that_asks() -> None:
+    # The default pool keeps 4 KiB pages; the pool asking for hugepages and
+    # allocate_host(hugepages="auto") get hugetlb pages.  12 pages: two 8 MiB
+    # buffers are never alive at once, and the bare hugetlb methods need 4.
+    with reserve_hugepages(12):
+        phase = populate_variants.run_phase(8 * MIB, 1, 2, hugetlb=True)
+    summary = populate_variants.summarize(8 * MIB, phase)
+    assert "hugepages=none" in phase["got"][DEFAULT_POOL]
+    assert "hugetlb-2MiB" in phase["got"][populate_variants.HUGE_POOL]
+    assert "hugetlb-2MiB" in phase["got"][populate_variants.ALLOCATE_HOST]
+    assert summary["huge_pool_vs_torch"] > 0 and summary["huge_pool_vs_best_bare"] > 0
+    assert any(name.startswith("bare hugetlb") for name in summary["gbps"])
 
 
 def test_populate_variants_refuses_bad_arguments(capsys) -> None:

@@ -1,10 +1,10 @@
 """How fast a host pool becomes resident: the default pool, torch.zeros and the bare methods.
 
-The subject is the default pool, ``MixedMemoryAllocator(size)``: 2 MiB
-hugetlb pages when the hugepage pool has enough free pages (else 4 KiB
-pages), populated as libpinmem's populate plan says (method and threads
-measured on this machine, see ``kvpool info``), pinned as well as the
-machine allows.  The baseline is ``torch.zeros(size, dtype=uint8)``.  The
+The subject is the default pool, ``MixedMemoryAllocator(size)``: 4 KiB
+pages (hugetlb pages go to pools that ask for them: ``use_hugepages=True``
+or ``KVPOOL_HUGEPAGES=auto``), populated as libpinmem's populate plan says
+(the method measured on this machine, the threads by rule; see ``kvpool
+info``), pinned as well as the machine allows.  The baseline is ``torch.zeros(size, dtype=uint8)``.  The
 extras are ``allocate_host(size, hugepages="auto")`` and the bare methods of
 :mod:`kvpool.cli.bench.bare` (touch, ``MAP_POPULATE``, ``MADV_POPULATE_WRITE``
 with one and with every CPU), so one run shows every method's GB/s side by
@@ -84,10 +84,11 @@ def _check_resident(buf: Any) -> None:
         raise RuntimeError(f"only {resident} of {buf.mapped_size} bytes resident")
 
 
-def time_default_pool(size: int) -> tuple[float, str]:
-    """Seconds until ``MixedMemoryAllocator(size)`` exists, and what its memory got.
+def time_default_pool(size: int, **kwargs: Any) -> tuple[float, str]:
+    """Seconds until ``MixedMemoryAllocator(size, **kwargs)`` exists, and what its memory got.
 
-    The residency check and the close are not timed.
+    No keywords: the default pool.  The residency check and the close are
+    not timed.
 
     Raises:
         RuntimeError: the pool's memory was not fully resident.
@@ -96,7 +97,7 @@ def time_default_pool(size: int) -> tuple[float, str]:
 
     gc.collect()
     start = time.perf_counter()
-    pool = MixedMemoryAllocator(size)
+    pool = MixedMemoryAllocator(size, **kwargs)
     elapsed = time.perf_counter() - start
     try:
         buf = pool.backing.buffer

@@ -3,18 +3,21 @@
 One run, trials interleaved (the order rotates each trial), median of
 ``--trials``, GB/s of each of
 
-* ``MixedMemoryAllocator(size)`` -- kvpool's default pool (hugetlb pages
-  when enough are free, else 4 KiB pages; the populate plan's method and
+* ``MixedMemoryAllocator(size)`` -- kvpool's default pool (4 KiB pages:
+  hugetlb pages go to the pools that ask; the populate plan's method and
   threads; pinned as well as the machine allows);
-* ``allocate_host(size, hugepages="auto")`` -- the same memory without the pool;
+* with hugepages, ``MixedMemoryAllocator(size, use_hugepages=True)`` -- the
+  pool that asks for them;
+* ``allocate_host(size, hugepages="auto")`` -- hugetlb pages when enough
+  are free, else 4 KiB pages, without the pool;
 * ``torch.zeros(size, dtype=uint8)`` -- the reference;
 * the bare methods of :mod:`kvpool.cli.bench.bare`: touch, ``MAP_POPULATE``,
   ``MADV_POPULATE_WRITE`` (one thread and every CPU), ``mlock``,
   ``MAP_POPULATE|MAP_LOCKED``, ``MLOCK_ONFAULT`` + madvise; with hugepages
   also their hugetlb forms;
 
-with the ratios of the default pool to torch.zeros and to the fastest bare
-method of the same phase.  Each phase starts with an untimed warm-up (the
+with the ratios of the default pool (and of the pool asking for hugepages)
+to torch.zeros and to the fastest bare method of the same phase.  Each phase starts with an untimed warm-up (the
 size faulted once, hugepages too), and by default each variant runs right
 after the size was faulted and freed again (untimed), so that every variant
 meets memory in the same state: on a VM that gives freed memory back to its
@@ -62,6 +65,7 @@ __all__ = ["main", "reserved_hugepages", "run_phase", "summarize"]
 
 NR_HUGEPAGES = Path("/proc/sys/vm/nr_hugepages")
 ALLOCATE_HOST = "kvpool allocate_host(hugepages='auto')"
+HUGE_POOL = "kvpool MixedMemoryAllocator(size, use_hugepages=True)"
 TORCH = "torch.zeros"
 
 
@@ -106,6 +110,8 @@ def run_phase(
         variants[name] = trial
 
     kvpool_variant(DEFAULT_POOL, lambda: time_default_pool(size))
+    if hugetlb:
+        kvpool_variant(HUGE_POOL, lambda: time_default_pool(size, use_hugepages=True))
     kvpool_variant(ALLOCATE_HOST, lambda: time_allocate_host(size, hugepages="auto"))
     variants[TORCH] = lambda: time_torch_zeros(size)[0]
     methods = bare.bare_methods(threads)
@@ -147,12 +153,14 @@ def run_phase(
 
 
 def summarize(size: int, phase: dict[str, Any]) -> dict[str, Any]:
-    """Medians and bests in GB/s, and the default pool's ratios.
+    """Medians and bests in GB/s, and the kvpool pools' ratios.
 
     Returns:
         ``{"gbps": {name: {"median", "best"}}, "best_bare": name,
-        "pool_vs_torch": float, "pool_vs_best_bare": float}`` (ratios of
-        medians; None when a side is missing).
+        "pool_vs_torch": float, "pool_vs_best_bare": float,
+        "huge_pool_vs_torch": float, "huge_pool_vs_best_bare": float}``
+        (ratios of medians; None when a side is missing, e.g. the pool
+        asking for hugepages in a phase without them).
     """
     gbps = {
         name: {
@@ -163,14 +171,13 @@ def summarize(size: int, phase: dict[str, Any]) -> dict[str, Any]:
     }
     bares = {n: v["median"] for n, v in gbps.items() if n.startswith("bare ")}
     best_bare = max(bares, key=bares.__getitem__) if bares else None
-    pool = gbps.get(DEFAULT_POOL, {}).get("median")
     torch_ = gbps.get(TORCH, {}).get("median")
-    return {
-        "gbps": gbps,
-        "best_bare": best_bare,
-        "pool_vs_torch": pool / torch_ if pool and torch_ else None,
-        "pool_vs_best_bare": pool / bares[best_bare] if pool and best_bare else None,
-    }
+    out: dict[str, Any] = {"gbps": gbps, "best_bare": best_bare}
+    for prefix, name in (("pool", DEFAULT_POOL), ("huge_pool", HUGE_POOL)):
+        pool = gbps.get(name, {}).get("median")
+        out[f"{prefix}_vs_torch"] = pool / torch_ if pool and torch_ else None
+        out[f"{prefix}_vs_best_bare"] = pool / bares[best_bare] if pool and best_bare else None
+    return out
 
 
 def _print_table(title: str, size: int, phase: dict[str, Any], summary: dict[str, Any]) -> None:
@@ -185,12 +192,13 @@ def _print_table(title: str, size: int, phase: dict[str, Any], summary: dict[str
         print(f"  {name:44s} skipped: {reason}")
     for name, how in phase["got"].items():
         print(f"  {name} got: {how}")
-    vs_torch, vs_bare = summary["pool_vs_torch"], summary["pool_vs_best_bare"]
-    if vs_torch is not None and vs_bare is not None:
-        print(
-            f"  default pool: {vs_torch:.2f}x torch.zeros, {vs_bare:.2f}x the fastest bare "
-            f"method ({summary['best_bare']}), medians of the same run"
-        )
+    for prefix, what in (("pool", "default pool"), ("huge_pool", "pool asking for hugepages")):
+        vs_torch, vs_bare = summary[f"{prefix}_vs_torch"], summary[f"{prefix}_vs_best_bare"]
+        if vs_torch is not None and vs_bare is not None:
+            print(
+                f"  {what}: {vs_torch:.2f}x torch.zeros, {vs_bare:.2f}x the fastest bare "
+                f"method ({summary['best_bare']}), medians of the same run"
+            )
 
 
 def _plot(path: str, size: int, phases: dict[str, dict[str, Any]]) -> None:
