@@ -22,6 +22,7 @@ from kvpool.errors import (
     ArgumentTypeError,
     CorruptEntryError,
     InvalidArgumentError,
+    InvalidHandleError,
     RemoteStoreError,
 )
 from kvpool.remote import AsyncFileStore, FileStore, open_store
@@ -726,6 +727,23 @@ def test_batched_get_needs_room_only_for_the_entries_found(file_store: FileStore
     assert_clean(small)
     small.close()
     big.close()
+
+
+def test_batched_put_writes_every_good_pair_then_raises_the_first_error(
+    file_store: FileStore, pool: kvpool.TensorMemoryAllocator
+) -> None:
+    objs = [_uniform(pool, v) for v in range(4)]
+    dead = _uniform(pool, 9)
+    dead.ref_count_down()
+    keys: list[Any] = ["a", "b", 5, "c", "a"]  # 5 is no key; "a" twice: the last wins
+    with pytest.raises(InvalidHandleError, match="freed") as info:
+        file_store.batched_put(keys, [objs[0], dead, objs[1], objs[2], objs[3]])
+    assert info.value.__notes__ == ["1 more operation(s) of the batch failed"]
+    assert not file_store.exists("b")
+    got = file_store.batched_get(["a", "c"], pool, KV_SHAPE, KV_DTYPE, KV_FMT)
+    assert [g.byte_array[0] for g in got] == [3, 2]  # type: ignore[union-attr]
+    assert all(o.get_ref_count() == 1 for o in objs)  # every hold was released
+    pool.batched_free(got + objs)  # type: ignore[operator]
 
 
 def test_batched_get_frees_everything_when_an_entry_is_damaged(

@@ -9,20 +9,28 @@ entry, ``cleanup_temp`` - uses these:
   (a symlink fails, a FIFO or device cannot block).
 * :func:`unsafe_file` says why an opened file must not be used (anything
   but a regular file with one link, owned by this user).
+* :func:`open_entry` opens an entry for reading under ``LOCK_SH``, safe
+  against the file being swapped out (reused) meanwhile.
 * :func:`current_pid` / :func:`pid_alive`: whose temporary files are whose.
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import stat
+from collections.abc import Callable
+
+from kvpool.errors import CorruptEntryError, RemoteStoreError
 
 __all__ = [
     "CLOEXEC",
     "NOT_A_FILE",
+    "OPEN_TRIES",
     "READ_FLAGS",
     "current_pid",
+    "open_entry",
     "pid_alive",
     "unsafe_file",
 ]
@@ -97,3 +105,66 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+#: Opens of one entry before :func:`open_entry` gives up (it kept being replaced).
+OPEN_TRIES = 100
+
+
+def open_entry(path: str, where: Callable[[], str]) -> int | None:
+    """Open the entry at ``path`` for reading, safe against file reuse.
+
+    Takes ``LOCK_SH`` on the file (a writer rewrites a reused file only
+    under ``LOCK_EX``), then checks that the file is still the one at
+    ``path``: if it was swapped out meanwhile (and maybe rewritten for
+    another entry), it opens the name again, at most :data:`OPEN_TRIES`
+    times.
+
+    Args:
+        path: the entry's file.
+        where: names the operation and key, for error messages (called
+            only when one is raised).
+
+    Returns:
+        The descriptor, under ``LOCK_SH`` (the caller closes it), or None:
+        no entry.
+
+    Raises:
+        CorruptEntryError: something other than an entry is at ``path``
+            (:func:`unsafe_file`, or a symlink, socket or device).
+        RemoteStoreError: (EBUSY) the entry was replaced at every try.
+        OSError: the file system refused.
+    """
+    for _ in range(OPEN_TRIES):
+        try:
+            fd = os.open(path, READ_FLAGS)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            what = NOT_A_FILE.get(exc.errno)  # type: ignore[arg-type]
+            if what is not None:
+                raise CorruptEntryError(
+                    exc.errno,
+                    f"{where()}: is {what}, not a regular file; not an entry, delete it",
+                ) from None
+            raise
+        try:
+            st = os.fstat(fd)
+            if st.st_nlink == 0 and stat.S_ISREG(st.st_mode):
+                continue  # unlinked since the open (replaced or deleted): again
+            why = unsafe_file(st)
+            if why is not None:
+                raise CorruptEntryError(f"{where()}: {why}; not an entry, delete it")
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            now = os.stat(path, follow_symlinks=False)
+            if now.st_ino == st.st_ino and now.st_dev == st.st_dev:
+                fd, keep = -1, fd
+                return keep
+        except FileNotFoundError:
+            return None
+        finally:
+            if fd >= 0:
+                os.close(fd)
+    raise RemoteStoreError(
+        errno.EBUSY, f"{where()}: the entry was replaced {OPEN_TRIES} times while being opened"
+    )

@@ -61,13 +61,10 @@ outside the directory.  Temporary files start with ``.tmp-``.
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import hashlib
 import itertools
 import os
 import re
-import stat
 import zlib
 from collections import deque
 from collections.abc import Sequence
@@ -89,6 +86,7 @@ from kvpool.pool.objects import MemoryObj
 from kvpool.remote.base import (
     Key,
     RemoteStore,
+    check_pairs,
     check_stored,
     describe,
     destination,
@@ -99,12 +97,7 @@ from kvpool.remote.base import (
     key_list,
     release,
 )
-from kvpool.remote.file.io import (
-    CLOEXEC,
-    NOT_A_FILE,
-    READ_FLAGS,
-    unsafe_file,
-)
+from kvpool.remote.file.io import CLOEXEC, open_entry
 from kvpool.remote.file.spares import Spares, remove_dead_temp, temp_name
 from kvpool.remote.header import (
     EntryInfo,
@@ -122,7 +115,6 @@ __all__ = ["FileStore"]
 _CAREFUL = object()
 _MAX_NAME = 200
 _HEAD_READ = 4096
-_OPEN_TRIES = 100
 _PLAIN_NAME = re.compile(rb"[A-Za-z0-9_.~-]{0,199}").fullmatch
 
 
@@ -264,6 +256,64 @@ class FileStore(RemoteStore):
             self._write(self._bpath(kb), header, view, kb)
         finally:
             release(memory_obj)
+
+    def batched_put(self, keys: Sequence[Key], memory_objs: Sequence[MemoryObj]) -> None:
+        """``put`` of each pair (see :meth:`RemoteStore.batched_put`).
+
+        With one I/O thread, every pair is prepared first - the object
+        held, its layout described, its header encoded - and then the
+        entries are written back to back, one C call each, in order (a key
+        named twice ends with its last object): the Python work is not
+        interleaved with the copies, which evict it from the CPU caches.
+        A pair that cannot be prepared (a freed object, a device object)
+        is skipped; the others are still written, then the first error in
+        the batch's order is raised.
+
+        Raises:
+            InvalidArgumentError: the lists differ in length (nothing is
+                stored), or as :meth:`put`.
+            Any error of :meth:`put`.
+        """
+        check_pairs(keys, memory_objs)
+        if self._io_threads > 1 or len(memory_objs) < 2:
+            return super().batched_put(keys, memory_objs)
+        self._check_open()
+        held: list[MemoryObj] = []
+        errors: list[tuple[int, Exception]] = []
+        ready: list[tuple[int, bytes, bytes, bytes, memoryview]] = []
+        try:
+            for i, (key, obj) in enumerate(zip(keys, memory_objs, strict=True)):
+                try:
+                    kb = key_bytes(key)
+                    hold(obj, "batched_put")
+                except Exception as exc:
+                    errors.append((i, exc))
+                    continue
+                held.append(obj)
+                try:
+                    layout, fmt, view = describe(obj)
+                    crc = zlib.crc32(view) if self._checksum else None
+                    header = encode_header(layout, fmt, view.nbytes, crc)
+                except Exception as exc:
+                    errors.append((i, exc))
+                    continue
+                ready.append((i, kb, self._bpath(kb), header, view))
+            for i, kb, path, header, view in ready:
+                try:
+                    self._write(path, header, view, kb)
+                except Exception as exc:
+                    errors.append((i, exc))
+        finally:
+            del ready  # the byte views, before the objects are released
+            for obj in held:
+                release(obj)
+        if errors:
+            errors.sort(key=lambda pair: pair[0])
+            first = errors[0][1]
+            if len(errors) > 1:
+                first.add_note(f"{len(errors) - 1} more operation(s) of the batch failed")
+            raise first
+        return None
 
     def _write(self, path: bytes, header: bytes, view: memoryview, kb: bytes) -> None:
         """Write the entry (one C call: ``pinmem_entry_write``) into a spare or a new file."""
@@ -494,60 +544,23 @@ class FileStore(RemoteStore):
             os.close(fd)
 
     def _open_entry(self, kb: bytes, action: str) -> int | None:
-        """Open the entry's file for reading, safe against file reuse.
-
-        Takes ``LOCK_SH`` on the file (a writer rewrites a reused file only
-        under ``LOCK_EX``), then checks the file is still the one at the
-        entry's name: if it was swapped out meanwhile (and maybe rewritten
-        for another entry), it opens the name again.
+        """The careful open of ``kb``'s entry (:func:`~kvpool.remote.file.io.open_entry`).
 
         Returns:
-            The descriptor (the caller closes it), or None: no entry.
+            The descriptor, under ``LOCK_SH`` (the caller closes it), or
+            None: no entry.
+
+        Raises:
+            CorruptEntryError: something other than an entry is at the name.
+            RemoteStoreError: the file system refused, or the entry kept
+                being replaced.
         """
-        path = self._path(kb)
         try:
-            for _ in range(_OPEN_TRIES):
-                try:
-                    fd = os.open(path, READ_FLAGS)
-                except FileNotFoundError:
-                    return None
-                except OSError as exc:
-                    what = NOT_A_FILE.get(exc.errno)  # type: ignore[arg-type]
-                    if what is not None:
-                        raise CorruptEntryError(
-                            exc.errno,
-                            f"{self._where(action, kb)}: is {what}, not a regular file; "
-                            "not an entry, delete it",
-                        ) from None
-                    raise
-                try:
-                    st = os.fstat(fd)
-                    if st.st_nlink == 0 and stat.S_ISREG(st.st_mode):
-                        continue  # unlinked since the open (replaced or deleted): again
-                    why = unsafe_file(st)
-                    if why is not None:
-                        raise CorruptEntryError(
-                            f"{self._where(action, kb)}: {why}; not an entry, delete it"
-                        )
-                    fcntl.flock(fd, fcntl.LOCK_SH)
-                    now = os.stat(path, follow_symlinks=False)
-                    if now.st_ino == st.st_ino and now.st_dev == st.st_dev:
-                        fd, keep = -1, fd
-                        return keep
-                except FileNotFoundError:
-                    return None
-                finally:
-                    if fd >= 0:
-                        os.close(fd)
+            return open_entry(self._path(kb), lambda: self._where(action, kb))
         except OSError as exc:
             if isinstance(exc, KVPoolError):
                 raise
             raise self._os_error(exc, action, kb) from exc
-        raise RemoteStoreError(
-            errno.EBUSY,
-            f"{self._where(action, kb)}: the entry was replaced {_OPEN_TRIES} times "
-            "while being opened",
-        )
 
     def _finish(self, obj: MemoryObj, view: memoryview, info: EntryInfo, kb: bytes) -> None:
         """Check the payload CRC and narrow a partial entry; raise on a mismatch."""
