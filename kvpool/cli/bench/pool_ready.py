@@ -1,15 +1,16 @@
 """How fast a host pool becomes resident: the default pool, torch.zeros and the bare methods.
 
-The subject is the default pool, ``MixedMemoryAllocator(size)``: 4 KiB
-pages (hugetlb pages go to pools that ask for them: ``use_hugepages=True``
-or ``KVPOOL_HUGEPAGES=auto``), populated as libpinmem's populate plan says
-(the method measured on this machine, the threads by rule; see ``kvpool
-info``), pinned as well as the machine allows.  The baseline is ``torch.zeros(size, dtype=uint8)``.  The
-extras are ``allocate_host(size, hugepages="auto")`` and the bare methods of
-:mod:`kvpool.cli.bench.bare` (touch, ``MAP_POPULATE``, ``MADV_POPULATE_WRITE``
-with one and with every CPU), so one run shows every method's GB/s side by
-side.  Every result is checked to be fully resident (mincore) after its
-timing, and only one buffer is alive at a time.
+The subject is the default pool, ``MixedMemoryAllocator(size)``: 4 KiB pages
+(hugetlb pages go to pools that ask for them: ``use_hugepages=True`` or
+``KVPOOL_HUGEPAGES=auto``), populated as libpinmem's populate plan says (the
+method measured on this machine, the threads by rule; see ``kvpool info``),
+pinned as well as the machine allows.  The baseline is ``torch.zeros(size,
+dtype=uint8)``.  The extras are ``allocate_host(size, hugepages="auto")``
+and the bare methods of :mod:`kvpool.cli.bench.bare` (touch,
+``MAP_POPULATE``, ``MADV_POPULATE_WRITE`` with one and with every CPU), so
+one run shows every method's GB/s side by side.  Every result is checked to
+be fully resident (mincore) after its timing, and only one buffer is alive
+at a time.
 
 ``python -m kvpool.cli.bench.populate_variants`` runs the same with the
 locking variants, with and without hugepages, takes medians and draws a plot.

@@ -17,16 +17,17 @@ One run, trials interleaved (the order rotates each trial), median of
   also their hugetlb forms;
 
 with the ratios of the default pool (and of the pool asking for hugepages)
-to torch.zeros and to the fastest bare method of the same phase.  Each phase starts with an untimed warm-up (the
-size faulted once, hugepages too), and by default each variant runs right
-after the size was faulted and freed again (untimed), so that every variant
-meets memory in the same state: on a VM that gives freed memory back to its
-host, memory freed a few seconds ago is cold, and the order of the variants
-would otherwise decide their speed.  The first phase runs on the machine as it is
-(reported: how many 2 MiB pages were free); with ``--hugepages N`` (root) a
-second phase reserves N pages (``/proc/sys/vm/nr_hugepages``) and the old
-value is restored afterwards, also on errors.  A variant the machine refuses
-(mlock over the memlock limit, no hugepages) is reported as skipped.
+to torch.zeros and to the fastest bare method of the same phase.  Each phase
+starts with an untimed warm-up (the size faulted once, hugepages too), and
+by default each variant runs right after the size was faulted and freed
+again (untimed), so that every variant meets memory in the same state: on a
+VM that gives freed memory back to its host, memory freed a few seconds ago
+is cold, and the order of the variants would otherwise decide their speed.
+The first phase runs on the machine as it is (reported: how many 2 MiB pages
+were free); with ``--hugepages N`` (root) a second phase reserves N pages
+(``/proc/sys/vm/nr_hugepages``) and the old value is restored afterwards,
+also on errors.  A variant the machine refuses (mlock over the memlock
+limit, no hugepages) is reported as skipped.
 
 Usage::
 
