@@ -28,6 +28,7 @@ def test_demo_verifies_a_round_trip_on_the_default_store() -> None:
     assert "verified: all 8 chunks" in out
     assert "put: 8 chunks" in out and "get: 8 chunks" in out
     assert "pool stats" in out and "resident memory" in out
+    assert "freed while views" not in out + run.stderr  # the demo uses its views correctly
 
 
 def test_demo_removes_its_temporary_store() -> None:
