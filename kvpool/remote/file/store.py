@@ -304,7 +304,6 @@ class FileStore(RemoteStore):
                 except Exception as exc:
                     errors.append((i, exc))
         finally:
-            del ready  # the byte views, before the objects are released
             for obj in held:
                 release(obj)
         if errors:
