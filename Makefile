@@ -30,7 +30,7 @@ TESTING := $(BUILD)/testing
 CFLAGS_TEST := -O2 -Wall -Wextra -Werror -std=gnu11 -pthread
 HEADERS := $(wildcard libpinmem/*.h)
 
-.PHONY: all lib check test compat deps demo-deps demo bench lint lint-tools wheel wheel-tools clean fake-cudart
+.PHONY: all lib check test compat deps demo-deps demo bench lint lint-tools wheel wheel-tools clean fake-cudart gpu-wheels
 
 all: lib
 
@@ -84,6 +84,15 @@ demo: demo-deps lib
 
 bench: lib
 	$(PYTHON) -m kvpool bench $(BENCH_ARGS)
+
+# The wheels .ci/gpu-check installs on a GPU machine that cannot reach PyPI:
+# cffi (compiled, for that machine's Python, GPU_PY) and pycparser, into .whl/.
+GPU_PY ?= 3.12
+gpu-wheels:
+	$(PIP) download -q --no-deps --only-binary=:all: --python-version $(GPU_PY) \
+		--implementation cp --platform manylinux_2_28_x86_64 \
+		--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+		-d .whl "cffi>=1.15" pycparser
 
 lint-tools:
 	@$(PYTHON) -m ruff --version 2>/dev/null | grep -qx "ruff $(RUFF_VERSION)" \

@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,3 +49,37 @@ def test_lint_runs_ruff_check_and_format() -> None:
 def test_ci_lints_before_testing() -> None:
     script = (ROOT / ".ci" / "run").read_text()
     assert script.index("make lint") < script.index("make test")
+
+
+def test_gpu_wheels_downloads_cffi_and_pycparser_for_the_gpu_python() -> None:
+    out = dry_run("gpu-wheels", "GPU_PY=3.12")
+    assert "download" in out and "--python-version 3.12" in out and "--only-binary=:all:" in out
+    assert '"cffi>=1.15" pycparser' in out and "-d .whl" in out
+
+
+def test_gpu_check_runs_every_step_and_logs_each(tmp_path: Path) -> None:
+    # Small sizes, so that on a GPU machine too this takes seconds; without a
+    # GPU the two benchmarks say so (status 2) and the script exits 1.
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+    env.update(OUT=str(tmp_path), GPU_CHECK_PINNED_SIZE="64M", GPU_CHECK_H2D_SIZE="16M")
+    env.update(PYTHON=sys.executable, GPU_CHECK_WHEELS=str(tmp_path / "no-wheels"))
+    done = subprocess.run(
+        [str(ROOT / ".ci" / "gpu-check")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    logs = {p.name for p in tmp_path.iterdir()}
+    assert logs == {"machine.log", "build.log", "gpu-tests.log", "h2d.log", "pinned.log"}
+    for step in ("build", "gpu-tests", "h2d", "pinned"):
+        assert f"== {step}: " in done.stdout
+    assert "status 0" in done.stdout.split("== gpu-tests")[1].split("==")[0]
+    if torch.cuda.is_available():
+        assert done.returncode == 0, done.stdout
+        assert "cuda-register / cudaHostAlloc" in (tmp_path / "pinned.log").read_text()
+    else:
+        assert done.returncode == 1
+        assert "no CUDA device" in (tmp_path / "h2d.log").read_text()
+        assert "no CUDA device" in (tmp_path / "pinned.log").read_text()

@@ -1,0 +1,56 @@
+"""The pinned-buffer readiness benchmark runs its trials in child processes and reports them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from kvpool.cli.bench import pinned_ready
+
+MIB = 1 << 20
+
+
+def test_trials_run_in_child_processes_and_report_each_variant() -> None:
+    result = pinned_ready.run_trials(["kvpool mlock"], 16 * MIB, 2)
+    got = result["variants"]["kvpool mlock"]
+    assert len(got["seconds"]) == 2 and all(s > 0 for s in got["seconds"])
+    assert got["GBps_median"] > 0
+    assert got["pinned"].startswith("mlock")
+
+
+def test_a_failing_child_is_reported_with_its_error() -> None:
+    with pytest.raises(RuntimeError, match="kvpool mlock failed"):
+        pinned_ready.run_trials(["kvpool mlock"], -1, 1)  # allocate_host refuses the size
+
+
+def test_without_cuda_it_says_so_and_exits_2(monkeypatch, capsys) -> None:
+    monkeypatch.setattr(pinned_ready, "_cuda_missing", lambda: "no CUDA device (faked)")
+    assert pinned_ready.main(["--size", "16M"]) == 2
+    assert "no CUDA device (faked)" in capsys.readouterr().err
+
+
+def test_a_size_beyond_available_memory_is_refused_first(monkeypatch, capsys) -> None:
+    monkeypatch.setattr(pinned_ready, "_cuda_missing", lambda: None)
+    monkeypatch.setattr(pinned_ready, "run_trials", lambda *a: pytest.fail("ran trials"))
+    assert pinned_ready.main(["--size", str(1 << 50)]) == 2
+    assert "does not fit: MemAvailable" in capsys.readouterr().err
+
+
+def test_bad_trials_is_a_usage_error() -> None:
+    with pytest.raises(SystemExit) as info:
+        pinned_ready.main(["--trials", "0"])
+    assert info.value.code == 2
+
+
+@pytest.mark.gpu
+def test_every_variant_pins_on_a_gpu(capsys) -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device (torch.cuda.is_available() is False)")
+    assert pinned_ready.main(["--size", "256M", "--trials", "1", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    pins = {name: v["pinned"] for name, v in result["variants"].items()}
+    assert pins["kvpool cuda-register"].startswith("cuda-register")
+    assert pins["cudaHostAlloc"].startswith("cuda-alloc")
+    assert result["register_over_cudaHostAlloc"] > 0
