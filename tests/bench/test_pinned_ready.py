@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -20,9 +22,44 @@ def test_trials_run_in_child_processes_and_report_each_variant() -> None:
     assert got["pinned"].startswith("mlock")
 
 
-def test_a_failing_child_is_reported_with_its_error() -> None:
-    with pytest.raises(RuntimeError, match="kvpool mlock failed"):
-        pinned_ready.run_trials(["kvpool mlock"], -1, 1)  # allocate_host refuses the size
+def test_a_failing_variant_is_reported_and_not_run_again(monkeypatch) -> None:
+    # A child that cannot start (a module that does not exist) fails every time.
+    monkeypatch.setattr(pinned_ready, "_MODULE", "kvpool.cli.bench.no_such_module")
+    result = pinned_ready.run_trials(["kvpool mlock"], 16 * MIB, 3)
+    assert result["variants"] == {}
+    assert "No module named" in result["failed"]["kvpool mlock"]
+
+
+def test_run_as_a_module_its_children_find_it_by_name() -> None:
+    # Under ``python -m`` the module's __name__ is "__main__", which a child cannot run.
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvpool.cli.bench.pinned_ready",
+            "--only",
+            "kvpool mlock",
+            "--size",
+            "16M",
+            "--trials",
+            "2",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert list(result["variants"]) == ["kvpool mlock"] and result["failed"] == {}
+    assert len(result["variants"]["kvpool mlock"]["seconds"]) == 2
+    assert result["register_over_cudaHostAlloc"] is None  # neither side was run
+
+
+def test_unknown_variants_are_a_usage_error() -> None:
+    with pytest.raises(SystemExit) as info:
+        pinned_ready.main(["--only", "kvpool mlock,nonsense"])
+    assert info.value.code == 2
 
 
 def test_without_cuda_it_says_so_and_exits_2(monkeypatch, capsys) -> None:

@@ -24,7 +24,7 @@ figures should set.  Without a CUDA device it says so and exits with status 2.  
 trial needs ``size`` bytes of free memory; a size above MemAvailable minus
 4 GiB is refused before anything runs.
 
-    python -m kvpool.cli.bench.pinned_ready [--size 64G] [--trials 3] [--json]
+    python -m kvpool.cli.bench.pinned_ready [--size 64G] [--trials 3] [--json] [--only NAMES]
 """
 
 from __future__ import annotations
@@ -53,6 +53,8 @@ VARIANTS: dict[str, str | None] = {
 _HEADROOM = 4 << 30
 #: Seconds one child may run (64 GiB through cudaHostAlloc takes tens of seconds).
 _CHILD_TIMEOUT_S = 300
+#: The module the children run (not ``__name__``: that is "__main__" under ``-m``).
+_MODULE = "kvpool.cli.bench.pinned_ready"
 
 
 def _child(variant: str, size: int) -> dict[str, Any]:
@@ -98,26 +100,36 @@ def _mem_available() -> int | None:
 def run_trials(variants: list[str], size: int, trials: int) -> dict[str, Any]:
     """Run ``trials`` rounds of every variant, each in a child process, interleaved.
 
+    A variant whose child fails (the machine refused it, say) is reported
+    under ``"failed"`` with the end of its error, and not run again.
+
     Returns:
         ``{"size", "trials", "variants": {name: {"seconds": [...],
-        "GBps_median", "pinned"}}}``.
-
-    Raises:
-        RuntimeError: a child failed (with its stderr).
+        "GBps_median", "pinned"}}, "failed": {name: message}}``.
     """
     samples: dict[str, list[float]] = {v: [] for v in variants}
     pinned: dict[str, str] = {}
+    failed: dict[str, str] = {}
     for trial in range(trials):
         order = variants[trial % len(variants) :] + variants[: trial % len(variants)]
         for variant in order:
-            run = subprocess.run(
-                [sys.executable, "-m", __name__, "--child", variant, "--size", str(size)],
-                capture_output=True,
-                text=True,
-                timeout=_CHILD_TIMEOUT_S,
-            )
+            if variant in failed:
+                continue
+            try:
+                run = subprocess.run(
+                    [sys.executable, "-m", _MODULE, "--child", variant, "--size", str(size)],
+                    capture_output=True,
+                    text=True,
+                    timeout=_CHILD_TIMEOUT_S,
+                )
+            except subprocess.TimeoutExpired:
+                failed[variant] = f"a trial ran for more than {_CHILD_TIMEOUT_S} s"
+                continue
             if run.returncode != 0:
-                raise RuntimeError(f"{variant} failed (status {run.returncode}):\n{run.stderr}")
+                tail = " | ".join(run.stderr.strip().splitlines()[-3:])
+                failed[variant] = f"status {run.returncode}: {tail}"
+                print(f"  trial {trial + 1} {variant:22s} failed: {tail}", file=sys.stderr)
+                continue
             got = json.loads(run.stdout.strip().splitlines()[-1])
             samples[variant].append(got["seconds"])
             pinned[variant] = got["pinned"]
@@ -136,7 +148,9 @@ def run_trials(variants: list[str], size: int, trials: int) -> dict[str, Any]:
                 "pinned": pinned[v],
             }
             for v, s in samples.items()
+            if s
         },
+        "failed": failed,
     }
 
 
@@ -155,11 +169,21 @@ def _cuda_missing() -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark; return the exit status (2: no CUDA device, or too little memory)."""
+    """Run the benchmark; return the exit status.
+
+    0: every variant ran; 1: a variant failed (reported, the others ran);
+    2: no CUDA device, too little memory or a usage error.
+    """
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size", type=size_arg, default=64 << 30, help="bytes (default 64G)")
     p.add_argument("--trials", type=int, default=3, help="interleaved trials (median of)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.add_argument(
+        "--only",
+        metavar="NAME[,NAME]",
+        help=f"run only these variants (of: {', '.join(VARIANTS)}); only 'kvpool mlock' "
+        "runs without a GPU",
+    )
     p.add_argument("--child", choices=sorted(VARIANTS), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
@@ -167,7 +191,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.trials < 1:
         p.error("--trials must be >= 1")
-    missing = _cuda_missing()
+    chosen = list(VARIANTS) if args.only is None else [n.strip() for n in args.only.split(",")]
+    unknown = [n for n in chosen if n not in VARIANTS]
+    if unknown or not chosen:
+        p.error(f"--only: unknown variant(s) {unknown}; choose from {list(VARIANTS)}")
+    missing = _cuda_missing() if any(VARIANTS[n] != "mlock" for n in chosen) else None
     if missing is not None:
         print(f"pinned_ready: {missing}", file=sys.stderr)
         return 2
@@ -179,24 +207,29 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    result = run_trials(list(VARIANTS), args.size, args.trials)
-    base = result["variants"]["cudaHostAlloc"]["GBps_median"]
-    reg = result["variants"]["kvpool cuda-register"]["GBps_median"]
-    result["register_over_cudaHostAlloc"] = reg / base
+    result = run_trials(chosen, args.size, args.trials)
+    got = result["variants"]
+    base = got.get("cudaHostAlloc", {}).get("GBps_median")
+    reg = got.get("kvpool cuda-register", {}).get("GBps_median")
+    result["register_over_cudaHostAlloc"] = reg / base if reg and base else None
     result["cpus"] = os.cpu_count()
     result["register_threshold"] = _register_threshold()
     if args.json:
         print(json.dumps(result, indent=2))
-        return 0
-    print(f"{args.size / 2**30:.3g} GiB made resident and pinned, median of {args.trials}")
-    for name, v in result["variants"].items():
+    else:
+        print(f"{args.size / 2**30:.3g} GiB made resident and pinned, median of {args.trials}")
+        for name, v in got.items():
+            versus = f"{v['GBps_median'] / base:5.2f}x" if base else "  n/a"
+            print(f"  {name:22s} {v['GBps_median']:7.2f} GB/s  {versus}  (pinned: {v['pinned']})")
+        for name, why in result["failed"].items():
+            print(f"  {name:22s} failed: {why}")
+        ratio = result["register_over_cudaHostAlloc"]
+        if ratio is not None:
+            print(f"cuda-register / cudaHostAlloc: {ratio:.2f}x")
         print(
-            f"  {name:22s} {v['GBps_median']:7.2f} GB/s  {v['GBps_median'] / base:5.2f}x"
-            f"  (pinned: {v['pinned']})"
+            f"pin='auto' registers from {result['register_threshold']} bytes (register_threshold)"
         )
-    print(f"cuda-register / cudaHostAlloc: {result['register_over_cudaHostAlloc']:.2f}x")
-    print(f"pin='auto' registers from {result['register_threshold']} bytes (register_threshold)")
-    return 0
+    return 1 if result["failed"] else 0
 
 
 if __name__ == "__main__":
