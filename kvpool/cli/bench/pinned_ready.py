@@ -19,10 +19,10 @@ the buffer is resident and pinned (checked, untimed).  Variants:
 The figure that matters is cuda-register / cudaHostAlloc (target: >= 3x for
 64 GiB).  ``pin="auto"`` registers at or above the libpinmem option
 ``register_threshold`` (``KVPOOL_REGISTER_THRESHOLD_BYTES``) and calls
-cudaHostAlloc below it; the report shows the threshold, which these
-figures should set.  Without a CUDA device it says so and exits with status 2.  Each
-trial needs ``size`` bytes of free memory; a size above MemAvailable minus
-4 GiB is refused before anything runs.
+cudaHostAlloc below it; the report shows the threshold, which these figures
+should set.  Without a CUDA device it says so and exits with status 2.  Each
+trial needs ``size`` bytes of free memory; a size above MemAvailable minus 4
+GiB is refused before anything runs.
 
     python -m kvpool.cli.bench.pinned_ready [--size 64G] [--trials 3] [--json] [--only NAMES]
 """
