@@ -39,6 +39,7 @@ import time
 from typing import Any
 
 from kvpool.cli.args import size_arg
+from kvpool.cli.bench.pool_ready import mem_available
 
 __all__ = ["VARIANTS", "main", "run_trials"]
 
@@ -84,17 +85,6 @@ def _child(variant: str, size: int) -> dict[str, Any]:
         return {"seconds": seconds, "pinned": how}
     finally:
         buf.close()
-
-
-def _mem_available() -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
 
 
 def run_trials(variants: list[str], size: int, trials: int) -> dict[str, Any]:
@@ -199,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     if missing is not None:
         print(f"pinned_ready: {missing}", file=sys.stderr)
         return 2
-    available = _mem_available()
+    available = mem_available()
     if available is not None and args.size > available - _HEADROOM:
         print(
             f"pinned_ready: --size {args.size} does not fit: MemAvailable is {available} bytes "
