@@ -46,6 +46,7 @@ import abc
 import contextlib
 import threading
 import weakref
+import zlib
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -67,7 +68,14 @@ from kvpool.pool.interface import MemoryAllocatorInterface
 from kvpool.pool.objects import MemoryObj
 from kvpool.pool.placeholders import BytesBufferMemoryObj, GDSMemoryObject
 from kvpool.remote.counters import OPERATIONS, StoreCounters, counted, counted_method
-from kvpool.remote.header import EntryInfo, Layout, layout_for, remember, requested
+from kvpool.remote.header import (
+    EntryInfo,
+    Layout,
+    encode_header,
+    layout_for,
+    remember,
+    requested,
+)
 
 __all__ = ["MAX_KEY_BYTES", "Key", "RemoteStore", "key_bytes", "live_stores"]
 
@@ -193,6 +201,24 @@ def describe(obj: MemoryObj) -> tuple[Layout, MemoryFormat, memoryview]:
             f"{obj!r} has {view.nbytes} bytes but its layout only {layout.nbytes}"
         )
     return layout, obj.get_memory_format(), view
+
+
+def encode_entry(
+    obj: MemoryObj, checksum: bool, key_tag: int | None = None
+) -> tuple[bytes, memoryview]:
+    """The header of ``obj``'s entry and the bytes that follow it (see :func:`describe`).
+
+    Args:
+        obj: the object about to be stored (held by the caller).
+        checksum: record a CRC-32 of the payload (one pass over the bytes).
+        key_tag: the store key's tag, for stores that record it.
+
+    Raises:
+        As :func:`describe`.
+    """
+    layout, fmt, view = describe(obj)
+    crc = zlib.crc32(view) if checksum else None
+    return encode_header(layout, fmt, view.nbytes, crc, key_tag), view
 
 
 def discard(obj: MemoryObj | None) -> None:
@@ -568,7 +594,7 @@ class RemoteStore(metaclass=abc.ABCMeta):
         check_pairs(keys, memory_objs)
         self._check_open()
         results = self._map(lambda pair: self.put(*pair), list(zip(keys, memory_objs, strict=True)))
-        _raise_first(results)
+        raise_first(results)
 
     @counted("batched_get")
     def batched_get(
@@ -597,7 +623,7 @@ class RemoteStore(metaclass=abc.ABCMeta):
             for r in results:
                 if isinstance(r, MemoryObj):
                     discard(r)
-            _raise_first(results)
+            raise_first(results)
         return results  # type: ignore[return-value]
 
     @counted("batched_exists")
@@ -689,7 +715,12 @@ class RemoteStore(metaclass=abc.ABCMeta):
             return self._executor
 
 
-def _raise_first(results: list[Any]) -> None:
+def raise_first(results: Sequence[Any]) -> None:
+    """Raise the first exception among ``results`` (one per operation of a batch, in order).
+
+    A note on it counts the batch's other failed operations; results that
+    are not exceptions are ignored.  Nothing happens when there is none.
+    """
     errors = [r for r in results if isinstance(r, BaseException)]
     if errors:
         first = errors[0]

@@ -88,13 +88,14 @@ from kvpool.remote.base import (
     RemoteStore,
     check_pairs,
     check_stored,
-    describe,
     destination,
     discard,
+    encode_entry,
     get_request,
     hold,
     key_bytes,
     key_list,
+    raise_first,
     release,
 )
 from kvpool.remote.file.io import CLOEXEC, open_entry
@@ -103,7 +104,6 @@ from kvpool.remote.header import (
     EntryInfo,
     Layout,
     decode_header,
-    encode_header,
     is_full_entry,
     layout_for,
     peek_header_size,
@@ -250,9 +250,7 @@ class FileStore(RemoteStore):
         self._check_open()
         hold(memory_obj, "put")
         try:
-            layout, fmt, view = describe(memory_obj)
-            crc = zlib.crc32(view) if self._checksum else None
-            header = encode_header(layout, fmt, view.nbytes, crc)
+            header, view = encode_entry(memory_obj, self._checksum)
             self._write(self._bpath(kb), header, view, kb)
         finally:
             release(memory_obj)
@@ -279,7 +277,7 @@ class FileStore(RemoteStore):
             return super().batched_put(keys, memory_objs)
         self._check_open()
         held: list[MemoryObj] = []
-        errors: list[tuple[int, Exception]] = []
+        results: list[Exception | None] = [None] * len(memory_objs)
         ready: list[tuple[int, bytes, bytes, bytes, memoryview]] = []
         try:
             for i, (key, obj) in enumerate(zip(keys, memory_objs, strict=True)):
@@ -287,31 +285,24 @@ class FileStore(RemoteStore):
                     kb = key_bytes(key)
                     hold(obj, "batched_put")
                 except Exception as exc:
-                    errors.append((i, exc))
+                    results[i] = exc
                     continue
                 held.append(obj)
                 try:
-                    layout, fmt, view = describe(obj)
-                    crc = zlib.crc32(view) if self._checksum else None
-                    header = encode_header(layout, fmt, view.nbytes, crc)
+                    header, view = encode_entry(obj, self._checksum)
                 except Exception as exc:
-                    errors.append((i, exc))
+                    results[i] = exc
                     continue
                 ready.append((i, kb, self._bpath(kb), header, view))
             for i, kb, path, header, view in ready:
                 try:
                     self._write(path, header, view, kb)
                 except Exception as exc:
-                    errors.append((i, exc))
+                    results[i] = exc
         finally:
             for obj in held:
                 release(obj)
-        if errors:
-            errors.sort(key=lambda pair: pair[0])
-            first = errors[0][1]
-            if len(errors) > 1:
-                first.add_note(f"{len(errors) - 1} more operation(s) of the batch failed")
-            raise first
+        raise_first(results)
         return None
 
     def _write(self, path: bytes, header: bytes, view: memoryview, kb: bytes) -> None:

@@ -92,16 +92,16 @@ from kvpool.remote.base import (
     RemoteStore,
     check_pairs,
     check_stored,
-    describe,
     destination,
     discard,
+    encode_entry,
     get_request,
     hold,
     key_bytes,
     key_list,
     release,
 )
-from kvpool.remote.header import EntryInfo, Layout, decode_header, encode_header, layout_for
+from kvpool.remote.header import EntryInfo, Layout, decode_header, layout_for
 from kvpool.remote.mooncake.client import connect, import_mooncake, parse_url, split_host_port
 from kvpool.remote.mooncake.memory import HeaderSlabs, PoolRegions, Slab
 from kvpool.remote.mooncake.ops import FIRST_READ, Entry, read_header, rounds, write_entries
@@ -334,11 +334,7 @@ class MooncakeStore(RemoteStore):
             for obj in memory_objs:
                 hold(obj, "batched_put" if len(kbs) > 1 else "put")
                 held.append(obj)
-            described = []
-            for obj in held:
-                layout, fmt, view = describe(obj)
-                crc = zlib.crc32(view) if self._checksum else None
-                described.append((encode_header(layout, fmt, view.nbytes, crc), view))
+            described = [encode_entry(obj, self._checksum) for obj in held]
             slab = self._slabs.take(sum(len(h) for h, _ in described))
             entries = []
             off = 0

@@ -15,7 +15,6 @@ connection's reader); the stores run it with their ``_call``.
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -31,8 +30,8 @@ from kvpool.errors import (
 from kvpool.formats import MemoryFormat
 from kvpool.pool.interface import MemoryAllocatorInterface
 from kvpool.pool.objects import MemoryObj
-from kvpool.remote.base import Key, describe, key_bytes
-from kvpool.remote.header import Layout, encode_header, key_tag
+from kvpool.remote.base import Key, encode_entry, key_bytes
+from kvpool.remote.header import Layout, key_tag
 from kvpool.remote.redis.config import Target, import_redis, resolve_target, scrub
 from kvpool.remote.redis.connection import pipelined, redis_py_connector
 from kvpool.remote.redis.resp import (
@@ -222,9 +221,7 @@ class RedisCommon:
     def _set_parts(self, kb: bytes, obj: MemoryObj, px: int | None) -> list[Any]:
         """``SET`` of ``obj`` under ``kb`` (the caller holds a reference on ``obj``)."""
         rkey = self._prefix + kb
-        layout, fmt, view = describe(obj)
-        crc = zlib.crc32(view) if self._checksum else None
-        header = encode_header(layout, fmt, view.nbytes, crc, key_tag(rkey))
+        header, view = encode_entry(obj, self._checksum, key_tag(rkey))
         return wire.set_parts(rkey, header, view, px)
 
     def _put_plan(self, kbs: Sequence[bytes], objs: Sequence[MemoryObj], px: int | None) -> Plan:
