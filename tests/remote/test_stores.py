@@ -508,9 +508,9 @@ def test_put_holds_a_reference_during_io(
 ) -> None:
     src = pool.allocate(KV_SHAPE, KV_DTYPE, KV_FMT)
     seen = []
-    import kvpool.remote.base as base
+    import kvpool.remote.objects as objects
 
-    real = base.describe
+    real = objects.describe
 
     def spy(obj: kvpool.MemoryObj) -> object:
         seen.append(obj.get_ref_count())

@@ -49,21 +49,12 @@ from kvpool.errors import RemoteStoreError, StoreConnectionError
 from kvpool.formats import MemoryFormat
 from kvpool.pool.interface import MemoryAllocatorInterface
 from kvpool.pool.objects import MemoryObj
-from kvpool.remote.base import (
-    Key,
-    RemoteStore,
-    check_pairs,
-    discard,
-    get_request,
-    hold,
-    key_bytes,
-    key_list,
-    release,
-)
+from kvpool.remote.base import Key, RemoteStore, check_pairs, get_request, key_bytes, key_list
 from kvpool.remote.cluster.nodes import ClusterNodes, resolve_cluster
 from kvpool.remote.cluster.route import ASKING, Lane, Redirect, read_routed
 from kvpool.remote.cluster.slots import Address, key_slot
 from kvpool.remote.header import EntryInfo, key_tag
+from kvpool.remote.objects import discard, hold, release
 from kvpool.remote.redis.common import DEFAULT_WINDOW, SMALL_WINDOW, RedisCommon, check_seconds
 from kvpool.remote.redis.connection import now
 from kvpool.remote.redis.resp import DEFAULT_LIMITS, ErrorReply, Limits, ProtocolError, command

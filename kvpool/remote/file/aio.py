@@ -38,9 +38,10 @@ from kvpool.formats import MemoryFormat
 from kvpool.pool.interface import MemoryAllocatorInterface
 from kvpool.pool.objects import MemoryObj
 from kvpool.remote.aiobase import AsyncRemoteStore, offload
-from kvpool.remote.base import Key, discard
+from kvpool.remote.base import Key
 from kvpool.remote.file.store import FileStore
 from kvpool.remote.header import EntryInfo
+from kvpool.remote.objects import discard
 
 __all__ = ["AsyncFileStore", "on_tmpfs"]
 

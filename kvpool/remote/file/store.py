@@ -88,15 +88,10 @@ from kvpool.remote.base import (
     RemoteStore,
     check_pairs,
     check_stored,
-    destination,
-    discard,
-    encode_entry,
     get_request,
-    hold,
     key_bytes,
     key_list,
     raise_first,
-    release,
 )
 from kvpool.remote.file.io import CLOEXEC, open_entry
 from kvpool.remote.file.spares import Spares, remove_dead_temp, temp_name
@@ -108,6 +103,7 @@ from kvpool.remote.header import (
     layout_for,
     peek_header_size,
 )
+from kvpool.remote.objects import destination, discard, encode_entry, hold, release
 
 __all__ = ["FileStore"]
 

@@ -92,20 +92,16 @@ from kvpool.remote.base import (
     RemoteStore,
     check_pairs,
     check_stored,
-    destination,
-    discard,
-    encode_entry,
     get_request,
-    hold,
     key_bytes,
     key_list,
-    release,
 )
 from kvpool.remote.header import EntryInfo, Layout, decode_header, layout_for
 from kvpool.remote.mooncake.client import connect, import_mooncake, parse_url, split_host_port
 from kvpool.remote.mooncake.memory import HeaderSlabs, PoolRegions, Slab
 from kvpool.remote.mooncake.ops import FIRST_READ, Entry, read_header, rounds, write_entries
 from kvpool.remote.mooncake.segments import MountedSegment, Segments
+from kvpool.remote.objects import destination, discard, encode_entry, hold, release
 
 __all__ = ["MAX_REPLICAS", "MooncakeStore"]
 

@@ -40,17 +40,9 @@ from kvpool.formats import MemoryFormat
 from kvpool.pool.interface import MemoryAllocatorInterface
 from kvpool.pool.objects import MemoryObj
 from kvpool.remote.aiobase import AsyncRemoteStore, offload
-from kvpool.remote.base import (
-    Key,
-    check_pairs,
-    discard,
-    get_request,
-    hold,
-    key_bytes,
-    key_list,
-    release,
-)
+from kvpool.remote.base import Key, check_pairs, get_request, key_bytes, key_list
 from kvpool.remote.header import EntryInfo
+from kvpool.remote.objects import discard, hold, release
 from kvpool.remote.redis.common import DEFAULT_WINDOW, Plan, RedisCommon
 from kvpool.remote.redis.connection import RedisConnection
 from kvpool.remote.redis.resp import DEFAULT_LIMITS, Limits, Send, ServerClosed, Steps

@@ -30,8 +30,9 @@ from kvpool.errors import (
 from kvpool.formats import MemoryFormat
 from kvpool.pool.interface import MemoryAllocatorInterface
 from kvpool.pool.objects import MemoryObj
-from kvpool.remote.base import Key, encode_entry, key_bytes
+from kvpool.remote.base import Key, key_bytes
 from kvpool.remote.header import Layout, key_tag
+from kvpool.remote.objects import encode_entry
 from kvpool.remote.redis.config import Target, import_redis, resolve_target, scrub
 from kvpool.remote.redis.connection import pipelined, redis_py_connector
 from kvpool.remote.redis.resp import (

@@ -50,18 +50,9 @@ from kvpool.checks import check_bool
 from kvpool.formats import MemoryFormat
 from kvpool.pool.interface import MemoryAllocatorInterface
 from kvpool.pool.objects import MemoryObj
-from kvpool.remote.base import (
-    Key,
-    RemoteStore,
-    check_pairs,
-    discard,
-    get_request,
-    hold,
-    key_bytes,
-    key_list,
-    release,
-)
+from kvpool.remote.base import Key, RemoteStore, check_pairs, get_request, key_bytes, key_list
 from kvpool.remote.header import EntryInfo
+from kvpool.remote.objects import discard, hold, release
 from kvpool.remote.redis.common import (
     DEFAULT_WINDOW,
     DEL_KEYS,

@@ -52,7 +52,7 @@ from kvpool.errors import (
 from kvpool.formats import MemoryFormat
 from kvpool.pool.interface import MemoryAllocatorInterface
 from kvpool.pool.objects import MemoryObj
-from kvpool.remote.base import check_stored, destination, discard
+from kvpool.remote.base import check_stored
 from kvpool.remote.header import (
     FIXED_SIZE,
     EntryInfo,
@@ -61,6 +61,7 @@ from kvpool.remote.header import (
     layout_for,
     peek_header_size,
 )
+from kvpool.remote.objects import destination, discard
 from kvpool.remote.redis.resp import (
     CRLF,
     ErrorReply,
