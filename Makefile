@@ -3,7 +3,8 @@
 #   make            build libpinmem and its cffi module into kvpool/native/, and the
 #                   test build (-DPINMEM_TESTING) into libpinmem/build/testing/
 #   make check      build and run libpinmem's C test program (on the test build)
-#   make test       install what a fresh machine lacks, build, make check, pytest, make compat
+#   make test       install what a fresh machine lacks, build, make check, pytest, docs-check,
+#                   make compat
 #   make compat     LMCache 0.5.6's own code on kvpool memory (tests/compat), in a
 #                   cached environment with lmcache over this interpreter's CPU torch
 #   make demo       run the main job: the capability report, then a verified put/get round trip
@@ -11,6 +12,8 @@
 #                   environment, which it names first; PYTHON=.venv/bin/python for a venv)
 #   make bench      kvpool's benchmarks against naive baselines (kvpool bench);
 #                   options in BENCH_ARGS, e.g. make bench BENCH_ARGS=--quick
+#   make docs       the documentation site into site/ (mkdocs build --strict; installs the
+#                   docs extra); make docs-check builds it into a temporary folder
 #   make lint       ruff check + ruff format --check (installs the pinned ruff if missing)
 #   make wheel      a manylinux wheel (auditwheel-repaired and checked) and an sdist in dist/
 #
@@ -30,7 +33,7 @@ TESTING := $(BUILD)/testing
 CFLAGS_TEST := -O2 -Wall -Wextra -Werror -std=gnu11 -pthread
 HEADERS := $(wildcard libpinmem/*.h)
 
-.PHONY: all lib check test compat deps demo-deps demo bench lint lint-tools wheel wheel-tools clean fake-cudart gpu-wheels
+.PHONY: all lib check test compat deps docs docs-deps docs-check demo-deps demo bench lint lint-tools wheel wheel-tools clean fake-cudart gpu-wheels
 
 all: lib
 
@@ -56,11 +59,26 @@ check: lib $(BUILD)/test_pinmem $(BUILD)/libfakecudart.so
 # torch first and pinned: a bare "torch" would pull a multi-GB CUDA build.
 deps:
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e ".[test]"
+	$(PIP) install -q -e ".[test,docs]"
 
 test: deps lib check fake-cudart
 	$(PYTHON) -m pytest tests
+	$(MAKE) docs-check PYTHON=$(PYTHON)
 	$(MAKE) compat PYTHON=$(PYTHON)
+
+# The site, strict: a broken link, a missing reference or a docstring that
+# does not render is an error, not a warning.
+docs-deps:
+	$(PIP) install -q -e ".[docs]"
+
+docs: docs-deps
+	$(PYTHON) -m mkdocs build --strict
+
+# What make test runs: the same strict build, into a temporary folder, with
+# no install (make test's deps installs the docs extra).
+docs-check:
+	@site=$$(mktemp -d) && trap 'rm -rf "$$site"' EXIT && \
+	$(PYTHON) -m mkdocs build --strict --quiet --site-dir "$$site" && echo "docs-check: the site builds (strict)"
 
 # The environment is built once per requirements file, interpreter and torch,
 # under $$KVPOOL_COMPAT_CACHE (default ~/.cache/kvpool); every package goes in
@@ -120,4 +138,4 @@ wheel: wheel-tools
 	rm -rf $(DIST)/raw
 
 clean:
-	rm -rf $(BUILD) kvpool/native/libpinmem.so kvpool/native/_pinmem_ffi.py build $(DIST) *.egg-info
+	rm -rf $(BUILD) kvpool/native/libpinmem.so kvpool/native/_pinmem_ffi.py build $(DIST) *.egg-info site
