@@ -7,8 +7,14 @@
 #include <stdio.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
+
+/* The kernel's value (linux/fs.h); older C libraries do not define it. */
+#ifndef RENAME_EXCHANGE
+#define RENAME_EXCHANGE (1 << 1)
+#endif
 
 /* Times a reader opens the name again when the file it opened was replaced
  * or deleted meanwhile, before it gives up (the caller's own path then
@@ -82,12 +88,22 @@ static int pm_write_all(int fd, struct iovec *iov, int count, int positioned)
     }
 }
 
+/* renameat2(2) through the raw system call: glibc's wrapper exists only from
+ * 2.28, and the release build links against 2.17 so that the wheel loads on
+ * older systems.  A kernel without it (< 3.15) says ENOSYS, which the caller
+ * treats as "cannot exchange". */
+static int pm_renameat2(int olddir, const char *oldpath, int newdir, const char *newpath,
+                        unsigned int flags)
+{
+    return (int)syscall(SYS_renameat2, olddir, oldpath, newdir, newpath, flags);
+}
+
 /* Give the written file at temp the name path: exchange (the replaced file
  * stays at temp) or rename.  Sets *outcome; 0, or -1 with errno. */
 static int pm_entry_place(const char *temp, const char *path, unsigned int flags, int *outcome)
 {
     if (flags & PINMEM_ENTRY_EXCHANGE) {
-        if (renameat2(AT_FDCWD, temp, AT_FDCWD, path, RENAME_EXCHANGE) == 0) {
+        if (pm_renameat2(AT_FDCWD, temp, AT_FDCWD, path, RENAME_EXCHANGE) == 0) {
             *outcome = PINMEM_ENTRY_SWAPPED;
             return 0;
         }
