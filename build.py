@@ -21,8 +21,15 @@ With ``--testing`` it also builds the test build of the library,
 that one; nothing installed ever contains it.
 
 Usage: ``python build.py [--out DIR] [--build-dir DIR] [--force] [--testing]``.
-The compiler is ``$CC`` (default ``cc``); ``$CFLAGS``/``$LDFLAGS`` are
-appended to the fixed flags.
+The compiler is ``$KVPOOL_CC``, else ``$CC``, else ``cc``; ``$CFLAGS`` and
+``$LDFLAGS`` are appended to the fixed flags (warnings are errors with every
+compiler).  A change of compiler or flags rebuilds everything.
+
+The release build (``make wheel``) sets ``KVPOOL_CC`` to zig's clang aimed
+at glibc 2.17 (``python -m ziglang cc -target x86_64-linux-gnu.2.17``, or
+``aarch64-...`` to cross-compile), so that the wheel loads on any glibc from
+2.17 on (manylinux2014); the system's own cc links against the glibc it runs
+on, whose newest symbol versions set the wheel's floor.
 """
 
 from __future__ import annotations
@@ -56,6 +63,8 @@ FFI_MODULE = "_pinmem_ffi.py"
 #: Where, under the build directory, the test build goes.
 TESTING_DIR = "testing"
 TESTING_CFLAGS = ["-DPINMEM_TESTING"]
+#: The file, beside the objects, that records the commands they were built with.
+RECIPE = "commands.txt"
 
 
 def sources() -> list[Path]:
@@ -80,8 +89,14 @@ def cdef_text(header: Path = HEADER) -> str:
     return _block(text, "PINMEM_CDEF", header) + _block(text, "PINMEM_TEST_CDEF", header)
 
 
-def _compiler() -> list[str]:
-    return shlex.split(os.environ.get("CC", "cc"))
+def compiler() -> list[str]:
+    """Return the C compiler command: ``$KVPOOL_CC``, else ``$CC``, else ``cc``.
+
+    ``KVPOOL_CC`` is for the release build (``make wheel`` sets it to zig's
+    clang aimed at an old glibc); ``CC`` may be set for other reasons, so the
+    more specific name wins.
+    """
+    return shlex.split(os.environ.get("KVPOOL_CC") or os.environ.get("CC") or "cc")
 
 
 def _newer(target: Path, deps: list[Path]) -> bool:
@@ -110,19 +125,31 @@ def build_library(
         build_dir = build_dir / TESTING_DIR
     build_dir.mkdir(parents=True, exist_ok=True)
     headers = sorted(SRC.glob("*.h"))
+    cc = compiler()
     extra_cflags = shlex.split(os.environ.get("CFLAGS", ""))
     extra_ldflags = shlex.split(os.environ.get("LDFLAGS", ""))
     flags = [*CFLAGS, *(TESTING_CFLAGS if testing else []), *extra_cflags]
+    link = [*cc, *LDFLAGS, *extra_ldflags]
+    # Timestamps cannot tell that the compiler or the flags changed (the
+    # system cc for development, zig for a release): the commands are kept
+    # beside the objects, and any change rebuilds everything.  The record is
+    # removed while building, so a build that stops half-way is redone.
+    recipe_file = build_dir / RECIPE
+    recipe = f"{shlex.join([*cc, *flags])}\n{shlex.join([*link, *LIBS])}\n"
+    if not recipe_file.exists() or recipe_file.read_text() != recipe:
+        force = True
+    if force:
+        recipe_file.unlink(missing_ok=True)
     objects = []
     for src in sources():
         obj = build_dir / (src.stem + ".o")
         objects.append(obj)
         if force or not _newer(obj, [src, *headers]):
-            _run([*_compiler(), *flags, "-c", str(src), "-o", str(obj)], verbose)
+            _run([*cc, *flags, "-c", str(src), "-o", str(obj)], verbose)
     lib = build_dir / LIBRARY
     if force or not _newer(lib, objects):
-        cmd = [*_compiler(), *LDFLAGS, *extra_ldflags, "-o", str(lib)]
-        _run([*cmd, *map(str, objects), *LIBS], verbose)
+        _run([*link, "-o", str(lib), *map(str, objects), *LIBS], verbose)
+    recipe_file.write_text(recipe)
     return lib
 
 
