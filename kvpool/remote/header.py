@@ -45,7 +45,7 @@ from typing import Any
 import torch
 
 from kvpool.errors import CorruptEntryError, InvalidArgumentError
-from kvpool.formats import MemoryFormat
+from kvpool.formats import MAX_LAYOUT_BYTES, MemoryFormat, layout_bytes
 
 __all__ = [
     "FLAG_KEY_TAG",
@@ -422,7 +422,14 @@ def decode_header(buf: bytes | bytearray | memoryview, where: str) -> EntryInfo:
             shape = torch.Size(dims)
             shapes.append(shape)
             dtypes.append(dtype)
-            nbytes += shape.numel() * dtype.itemsize
+            # Exact (Python ints): torch's int64 numel() wraps around, and a
+            # wrapped size could pass for the payload's.
+            nbytes += layout_bytes(shape, dtype)
+            if nbytes > MAX_LAYOUT_BYTES:
+                raise ValueError(
+                    f"the layout needs {nbytes} bytes, more than {MAX_LAYOUT_BYTES} "
+                    "(the int64 limit)"
+                )
         tag = None
         if flags & FLAG_KEY_TAG:
             (tag,) = _TAG.unpack_from(buf, pos)
