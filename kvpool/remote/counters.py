@@ -151,6 +151,9 @@ class StoreCounters:
     Attributes:
         kind: as given.
         name: as given or made.
+
+    Read the counts with :meth:`snapshot` (``{op: OpCounts}``, copies);
+    ``repr()`` shows them in one line.
     """
 
     def __init__(self, kind: str, name: str | None = None) -> None:
@@ -210,7 +213,25 @@ class StoreCounters:
             shard.depth = depth
 
     def snapshot(self) -> dict[str, OpCounts]:
-        """``{op: OpCounts}`` for every operation called at least once (copies)."""
+        """The counts so far, per operation.
+
+        Returns:
+            ``{op: OpCounts}`` for every operation called at least once
+            (``"put"``, ``"get"``, ``"batched_get"``... see
+            :data:`OPERATIONS`); an operation never called is absent.  The
+            :class:`OpCounts` are copies: later calls do not change them,
+            and changing them does not change the counters.  For example::
+
+                counts = store.counters.snapshot()
+                get = counts.get("get")
+                if get is not None:
+                    hit_rate = 1 - get.misses / max(get.entries, 1)
+                    mean_s = get.seconds / get.calls
+
+        Exact once the calls have returned; taken while other threads are
+        in calls, it may miss the ones still being recorded.  Costs one
+        pass over the threads' shards (O(threads x operations)).
+        """
         out: dict[str, OpCounts] = {}
         with self._lock:
             shards = list(self._shards)
@@ -233,7 +254,30 @@ class StoreCounters:
         return out
 
     def __repr__(self) -> str:
-        return f"<StoreCounters {self.name}>"
+        """The counts at a glance, one clause per operation called.
+
+        E.g. ``<StoreCounters FileStore-0: put calls=2 entries=2 bytes=16384;
+        get calls=3 entries=3 misses=1 bytes=16384 errors=CorruptEntryError:1>``;
+        zero counts other than ``calls`` are left out.
+        """
+        counts = self.snapshot()
+        if not counts:
+            return f"<StoreCounters {self.name}: no calls>"
+        ordered = [op for op in OPERATIONS if op in counts]
+        ordered += sorted(op for op in counts if op not in OPERATIONS)
+        clauses = []
+        for op in ordered:
+            c = counts[op]
+            parts = [op, f"calls={c.calls}"]
+            parts += [
+                f"{label}={n}"
+                for label, n in (("entries", c.entries), ("misses", c.misses), ("bytes", c.nbytes))
+                if n
+            ]
+            if c.errors:
+                parts.append("errors=" + ",".join(f"{k}:{n}" for k, n in sorted(c.errors.items())))
+            clauses.append(" ".join(parts))
+        return f"<StoreCounters {self.name}: {'; '.join(clauses)}>"
 
 
 def payload_bytes(obj: Any) -> int:
