@@ -1,7 +1,8 @@
 """A store in an existing Redis (or Valkey) Cluster, routed by slot on the Redis layers.
 
 ``slots`` maps keys to masters, ``nodes`` keeps a connection pool per
-node, ``route`` reads MOVED/ASK redirects, ``store`` is the store.
+node, ``route`` reads MOVED/ASK redirects, ``common`` holds the ops and
+the routing decisions both stores share, ``store`` is the blocking store.
 """
 
 from kvpool.remote.cluster.store import RedisClusterStore

@@ -5,9 +5,11 @@ URL, a list of seeds, a ``redis.cluster.RedisCluster``) into seed
 addresses and the connection options every node shares (password, TLS,
 timeouts: a :class:`~kvpool.remote.redis.config.Target`, aimed at each node
 with ``with_address``).  :class:`ClusterNodes` keeps one
-:class:`~kvpool.remote.redis.connection.NodePool` per node, opened on first use,
-and the current :class:`~kvpool.remote.cluster.slots.SlotMap`, read with
-``CLUSTER SLOTS`` from the first node that answers.
+:class:`~kvpool.remote.redis.connection.NodePool` per node (or the asyncio
+store's pool class), opened on first use, and the current
+:class:`~kvpool.remote.cluster.slots.SlotMap`, read with ``CLUSTER SLOTS``
+from the first node that answers (:func:`slots_plan`, a plan the blocking
+and the asyncio connections both serve).
 """
 
 from __future__ import annotations
@@ -29,9 +31,9 @@ from kvpool.errors import (
 from kvpool.remote.cluster.slots import Address, SlotMap, parse_cluster_slots
 from kvpool.remote.redis.config import Target, import_redis, redact_url, resolve_target
 from kvpool.remote.redis.connection import NodePool, redis_py_connector
-from kvpool.remote.redis.resp import Limits, command
+from kvpool.remote.redis.resp import Limits, Reader, Send, Steps, command
 
-__all__ = ["SCHEMES", "ClusterNodes", "resolve_cluster"]
+__all__ = ["SCHEMES", "ClusterNodes", "resolve_cluster", "slot_map_from", "slots_plan"]
 
 #: URL schemes of a cluster (the ``s`` ones use TLS).
 SCHEMES = ("redis-cluster", "rediss-cluster", "valkey-cluster", "valkeys-cluster")
@@ -76,6 +78,29 @@ def _from_url(url: str) -> tuple[list[Address], str]:
 
 def _bracket(host: str) -> str:
     return f"[{host}]" if ":" in host else host
+
+
+def slots_plan(reader: Reader) -> Steps:
+    """A plan asking ``CLUSTER SLOTS`` (then the end-of-call marker); it returns the raw reply."""
+    nonce = wire.new_nonce()
+    yield Send([_CLUSTER_SLOTS, wire.sentinel_command(nonce)])
+    reply = yield from reader.reply()
+    yield from wire.read_sentinel(reader, nonce)
+    return reply
+
+
+def slot_map_from(reply: Any, address: Address, where: str) -> SlotMap:
+    """The :class:`SlotMap` of a ``CLUSTER SLOTS`` reply :func:`slots_plan` returned.
+
+    Raises:
+        RemoteStoreError: the node refused (not a cluster node) or answered nonsense.
+    """
+    if not isinstance(reply, list):
+        raise RemoteStoreError(
+            f"{where} answered {getattr(reply, 'text', reply)!r:.200}: is it a cluster node "
+            "(cluster-enabled yes)?"
+        )
+    return parse_cluster_slots(reply, address)
 
 
 def resolve_cluster(nodes: Any) -> tuple[list[Address], Any]:
@@ -143,6 +168,11 @@ class ClusterNodes:
         max_connections: connections per node (None: no limit).
         limits: bounds on replies.
         map_error: ``(exc, where) -> kvpool error`` of the store.
+        pool_class: the pool of one node's connections, made as
+            ``pool_class(connect, label, max_connections)`` (:class:`NodePool`,
+            or the asyncio store's ``AsyncNodePool``, whose store reads the
+            map with :meth:`candidates`, :func:`slots_plan` and :meth:`accept`
+            instead of :meth:`refresh`).
     """
 
     def __init__(
@@ -153,6 +183,7 @@ class ClusterNodes:
         max_connections: int | None,
         limits: Limits,
         map_error: Callable[[BaseException, str], BaseException],
+        pool_class: Callable[..., Any] = NodePool,
     ) -> None:
         self._seeds = list(dict.fromkeys(seeds))
         self._target = target
@@ -160,13 +191,14 @@ class ClusterNodes:
         self._max = max_connections
         self._limits = limits
         self.map_error = map_error
-        self._pools: dict[Address, NodePool] = {}
+        self._pool_class = pool_class
+        self._pools: dict[Address, Any] = {}
         self._lock = threading.Lock()
         self._refresh_lock = threading.Lock()
         self._map: SlotMap | None = None
         self.label = "cluster " + ",".join(f"{_bracket(h)}:{p}" for h, p in self._seeds)
 
-    def pool(self, address: Address) -> NodePool:
+    def pool(self, address: Address) -> Any:
         """The connection pool of one node (made on first use)."""
         pool = self._pools.get(address)
         if pool is not None:
@@ -182,7 +214,7 @@ class ClusterNodes:
                     self._connect_timeout,
                     self._limits,
                 )
-                pool = self._pools[address] = NodePool(connect, target.label, self._max)
+                pool = self._pools[address] = self._pool_class(connect, target.label, self._max)
             return pool
 
     def has_map(self) -> bool:
@@ -203,9 +235,8 @@ class ClusterNodes:
             RemoteStoreError: a node is not part of a cluster.
         """
         with self._refresh_lock:
-            known = self._map.masters if self._map is not None else []
             last: BaseException | None = None
-            for address in dict.fromkeys([*known, *self._seeds]):
+            for address in self.candidates():
                 try:
                     found = self._ask_slots(address, deadline)
                 except KVPoolError as exc:
@@ -213,12 +244,27 @@ class ClusterNodes:
                         raise
                     last = exc
                     continue
-                if found.masters:
-                    self._map = found
+                if self.accept(found):
                     return found
-            raise StoreConnectionError(
-                f"{self.label}: no node answered CLUSTER SLOTS with a slot map ({last})"
-            )
+            raise self.no_map(last)
+
+    def candidates(self) -> list[Address]:
+        """The nodes to ask for the slot map, in order: the known masters, then the seeds."""
+        known = self._map.masters if self._map is not None else []
+        return list(dict.fromkeys([*known, *self._seeds]))
+
+    def accept(self, found: SlotMap) -> bool:
+        """Make ``found`` the current map if it names a master; True when it did."""
+        if not found.masters:
+            return False
+        self._map = found
+        return True
+
+    def no_map(self, last: BaseException | None) -> StoreConnectionError:
+        """The error of a refresh no node answered (``last``: the last node's error)."""
+        return StoreConnectionError(
+            f"{self.label}: no node answered CLUSTER SLOTS with a slot map ({last})"
+        )
 
     def _ask_slots(self, address: Address, deadline: float) -> SlotMap:
         pool = self.pool(address)
@@ -227,21 +273,13 @@ class ClusterNodes:
             conn = pool.acquire(deadline)
         except BaseException as exc:
             raise self.map_error(exc, where) from None
-        nonce = wire.new_nonce()
         try:
-            conn.send([_CLUSTER_SLOTS, wire.sentinel_command(nonce)], deadline)
-            reply = conn.run(conn.reader.reply(), deadline)
-            conn.run(wire.read_sentinel(conn.reader, nonce), deadline)
+            reply = conn.run(slots_plan(conn.reader), deadline)
         except BaseException as exc:
             pool.discard(conn)
             raise self.map_error(exc, where) from None
         pool.release(conn)
-        if not isinstance(reply, list):
-            raise RemoteStoreError(
-                f"{where} answered {getattr(reply, 'text', reply)!r:.200}: is it a cluster node "
-                "(cluster-enabled yes)?"
-            )
-        return parse_cluster_slots(reply, address)
+        return slot_map_from(reply, address, where)
 
     def close(self) -> None:
         """Close every node's idle connections."""

@@ -38,65 +38,38 @@ redirect or new master above.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 import kvpool.remote.redis.wire as wire
 from kvpool.checks import check_bool
-from kvpool.errors import RemoteStoreError, StoreConnectionError
+from kvpool.errors import RemoteStoreError
 from kvpool.formats import MemoryFormat
 from kvpool.pool.interface import MemoryAllocatorInterface
 from kvpool.pool.objects import MemoryObj
 from kvpool.remote.base import Key, RemoteStore, check_pairs, get_request, key_bytes, key_list
+from kvpool.remote.cluster.common import (
+    ClusterCommon,
+    Groups,
+    Op,
+    lane_failed,
+    lane_window,
+)
 from kvpool.remote.cluster.nodes import ClusterNodes, resolve_cluster
-from kvpool.remote.cluster.route import ASKING, Lane, Redirect, read_routed
-from kvpool.remote.cluster.slots import Address, key_slot
-from kvpool.remote.header import EntryInfo, key_tag
-from kvpool.remote.objects import discard, hold, release
-from kvpool.remote.redis.common import DEFAULT_WINDOW, SMALL_WINDOW, RedisCommon, check_seconds
+from kvpool.remote.cluster.route import Lane
+from kvpool.remote.cluster.slots import Address
+from kvpool.remote.header import EntryInfo
+from kvpool.remote.objects import hold, release
+from kvpool.remote.redis.common import DEFAULT_WINDOW, check_seconds
 from kvpool.remote.redis.connection import now
-from kvpool.remote.redis.resp import DEFAULT_LIMITS, ErrorReply, Limits, ProtocolError, command
+from kvpool.remote.redis.resp import DEFAULT_LIMITS, Limits
 
 __all__ = ["RedisClusterStore"]
 
-#: Keys of one slot per ``DEL`` of ``batched_delete``.
-DEL_KEYS = 256
 
-
-class _Op:
-    """One kind of command of a routed call: per item, its slot, parts and reply parser.
-
-    Args:
-        slots: the slot of each item (a key, or keys of one slot).
-        parts: ``(i, asking) -> parts`` of item ``i``'s command(s).
-        parse: ``(reader, i) -> parser`` of its replies.
-        replies: commands (and so replies) per item.
-        window: items in flight at once in the call (shared by its lanes).
-    """
-
-    __slots__ = ("parse", "parts", "replies", "slots", "window")
-
-    def __init__(
-        self,
-        slots: list[int],
-        parts: Callable[[int, bool], list[Any]],
-        parse: Callable[[Any, int], Any],
-        replies: int,
-        window: int,
-    ) -> None:
-        self.slots = slots
-        self.parts = parts
-        self.parse = parse
-        self.replies = replies
-        self.window = window
-
-
-_UNSET = object()
-
-
-class RedisClusterStore(RemoteStore, RedisCommon):
+class RedisClusterStore(RemoteStore, ClusterCommon):
     """A store of entries in a Redis or Valkey Cluster (see the module docstring).
 
     Args:
@@ -189,53 +162,28 @@ class RedisClusterStore(RemoteStore, RedisCommon):
 
     # -- the router --------------------------------------------------
 
-    def _route(self, action: str, op: _Op) -> list[Any]:
+    def _route(self, action: str, op: Op) -> list[Any]:
         """Run ``op`` on every item; returns per item its value or a (kvpool) exception."""
         deadline = now() + self.timeout
-        nodes = self._nodes
-        if not nodes.has_map():
-            nodes.refresh(deadline)
-        results: list[Any] = [_UNSET] * len(op.slots)
-        first_map = nodes.slot_map()
-        groups: dict[tuple[Address, bool], list[int]] = {}
-        for i, slot in enumerate(op.slots):
-            owner = first_map.owner(slot)
-            if owner is None:
-                results[i] = StoreConnectionError(
-                    f"{action} on {self.server}: no master serves slot {slot} (the cluster is "
-                    "incomplete or a slot is being reassigned)"
-                )
-            else:
-                groups.setdefault((owner, False), []).append(i)
-        self._run_groups(action, op, groups, results, deadline)
-        # One second chance: redirects, and keys whose master could not be reached.
-        moved = any(isinstance(r, Redirect) and not r.ask for r in results)
-        failed = [i for i, r in enumerate(results) if isinstance(r, StoreConnectionError)]
-        if moved or failed:
-            with contextlib.suppress(RemoteStoreError):  # none answered: the errors stand
-                nodes.refresh(deadline)
-        retry: dict[tuple[Address, bool], list[int]] = {}
-        for i, r in enumerate(results):
-            if isinstance(r, Redirect):
-                retry.setdefault((r.address, r.ask), []).append(i)
-            elif i in failed:
-                owner = nodes.slot_map().owner(op.slots[i])
-                if owner is not None and owner != first_map.owner(op.slots[i]):
-                    retry.setdefault((owner, False), []).append(i)
-        if retry:
-            self._run_groups(action, op, retry, results, deadline)
-        for i, r in enumerate(results):
-            if isinstance(r, Redirect):
-                results[i] = RemoteStoreError(
-                    f"{action} on {self.server}: slot {r.slot} was redirected twice (to "
-                    f"{r.address[0]}:{r.address[1]}); the cluster is resharding, try again"
-                )
-        return results
+        routing = self._routing(action, op)
+        try:
+            request = next(routing)
+            while True:
+                if isinstance(request, Groups):
+                    self._run_groups(action, op, request.groups, request.results, deadline)
+                elif request.required:
+                    self._nodes.refresh(deadline)
+                else:
+                    with contextlib.suppress(RemoteStoreError):  # none answered: errors stand
+                        self._nodes.refresh(deadline)
+                request = routing.send(None)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
 
     def _run_groups(
         self,
         action: str,
-        op: _Op,
+        op: Op,
         groups: dict[tuple[Address, bool], list[int]],
         results: list[Any],
         deadline: float,
@@ -247,7 +195,7 @@ class RedisClusterStore(RemoteStore, RedisCommon):
         in flight as RedisStore keeps on one server, not *n* times as many.
         """
         items = list(groups.items())
-        window = max(1, -(-op.window // max(1, len(items))))
+        window = lane_window(op.window, len(items))
         if len(items) > 1 and self._io_threads > 1:
             done = self._map(
                 lambda g: self._run_lanes(action, op, [g], results, deadline, window), items
@@ -261,7 +209,7 @@ class RedisClusterStore(RemoteStore, RedisCommon):
     def _run_lanes(
         self,
         action: str,
-        op: _Op,
+        op: Op,
         items: list[tuple[tuple[Address, bool], list[int]]],
         results: list[Any],
         deadline: float,
@@ -303,24 +251,19 @@ class RedisClusterStore(RemoteStore, RedisCommon):
 
     @staticmethod
     def _lane(
-        conn: Any, op: _Op, idx: list[int], asking: bool, deadline: float, window: int
+        conn: Any, op: Op, idx: list[int], asking: bool, deadline: float, window: int
     ) -> Lane:
         nonce = wire.new_nonce()
-        last = len(idx) - 1
         reader = conn.reader
-
-        def parts_of(j: int) -> list[Any]:
-            parts = op.parts(idx[j], asking)
-            return [*parts, wire.sentinel_command(nonce)] if j == last else parts
-
-        def steps_of(j: int) -> Any:
-            i = idx[j]
-            return read_routed(reader, lambda r: op.parse(r, i), op.replies, asking)
-
-        def sentinel() -> Any:
-            return wire.read_sentinel(reader, nonce)
-
-        return Lane(conn, len(idx), parts_of, steps_of, sentinel, window, deadline)
+        return Lane(
+            conn,
+            len(idx),
+            op.lane_parts(idx, asking, nonce),
+            op.lane_steps(reader, idx, asking),
+            lambda: wire.read_sentinel(reader, nonce),
+            window,
+            deadline,
+        )
 
     def _lane_failed(
         self,
@@ -333,26 +276,7 @@ class RedisClusterStore(RemoteStore, RedisCommon):
     ) -> None:
         """Drop the lane's connection; its keys get what was read, the rest the error."""
         pool.discard(lane.conn)
-        error = self._map_error(exc, where)
-        for j, i in enumerate(idx):
-            results[i] = lane.out[j] if j < len(lane.out) else error
-
-    @staticmethod
-    def _raise_first(results: list[Any], keep: Callable[[Any], None] | None = None) -> None:
-        errors = [r for r in results if isinstance(r, BaseException)]
-        if not errors:
-            return
-        if keep is not None:
-            for r in results:
-                keep(r)
-        first = errors[0]
-        if len(errors) > 1:
-            first.add_note(f"{len(errors) - 1} more key(s) of the call failed")
-        raise first
-
-    def _rkeys(self, kbs: list[bytes]) -> list[bytes]:
-        prefix = self._prefix
-        return [prefix + kb for kb in kbs]
+        lane_failed(lane.out, idx, self._map_error(exc, where), results)
 
     # -- put ---------------------------------------------------------
 
@@ -382,25 +306,17 @@ class RedisClusterStore(RemoteStore, RedisCommon):
         px = self._px_for(ttl)
         if not kbs:
             return
+        action = "put" if len(kbs) == 1 else "batched_put"
         held: list[MemoryObj] = []
         try:
             for obj in memory_objs:
-                hold(obj, "batched_put" if len(kbs) > 1 else "put")
+                hold(obj, action)
                 held.append(obj)
-            rkeys = self._rkeys(kbs)
-            commands = [self._set_parts(kb, obj, px) for kb, obj in zip(kbs, held, strict=True)]
-            window = self._window_for(sum(c[1].nbytes for c in commands) // len(commands))
-
-            def parts(i: int, asking: bool) -> list[Any]:
-                return [ASKING, *commands[i]] if asking else commands[i]
-
-            op = _Op([key_slot(k) for k in rkeys], parts, _read_ok, 1, window)
-            results = self._route("put" if len(kbs) == 1 else "batched_put", op)
+            results = self._route(action, self._put_op(kbs, held, px))
         finally:
             for obj in held:
                 release(obj)
-        self._raise_first(results)
-        self._raise_refusals("put" if len(kbs) == 1 else "batched_put", kbs, results)
+        self._put_result(action, kbs, results)
 
     # -- get ---------------------------------------------------------
 
@@ -440,42 +356,11 @@ class RedisClusterStore(RemoteStore, RedisCommon):
         layout, fmt = get_request(allocator, shapes, dtypes, fmt)
         if not kbs:
             return []
-        rkeys = self._rkeys(kbs)
-        commands = [wire.get_command(k) for k in rkeys]
         action = "get" if len(kbs) == 1 else "batched_get"
-        server = self.server
-
-        def parts(i: int, asking: bool) -> list[Any]:
-            return [ASKING, commands[i]] if asking else [commands[i]]
-
-        def parse(reader: Any, i: int) -> Any:
-            where = f"{action} {kbs[i]!r} on {server}"
-            return wire.read_entry(reader, where, key_tag(rkeys[i]), allocator, layout, fmt)
-
-        # Without a layout the entries' size is unknown: one in flight per master.
-        window = self._window_for(layout.nbytes) if layout is not None else 1
-        op = _Op([key_slot(k) for k in rkeys], parts, parse, 1, window)
-        results = self._route(action, op)
-        self._raise_first(results, keep=_free_object)
-        return results
+        results = self._route(action, self._get_op(action, kbs, allocator, layout, fmt))
+        return self._get_result(results)
 
     # -- the rest ----------------------------------------------------
-
-    def _counts(self, action: str, commands: list[bytes], slots: list[int], what: str) -> list[int]:
-        def parts(i: int, asking: bool) -> list[Any]:
-            return [ASKING, commands[i]] if asking else [commands[i]]
-
-        def parse(reader: Any, i: int) -> Any:
-            return wire.read_count(reader, what)
-
-        results = self._route(action, _Op(slots, parts, parse, 1, SMALL_WINDOW))
-        self._raise_first(results)
-        for reply in results:
-            if isinstance(reply, ErrorReply):
-                raise RemoteStoreError(
-                    f"{action} on {self.server}: the server answered: {reply.text}"
-                )
-        return results
 
     def exists(self, key: Key) -> bool:
         """True when ``key`` exists (see :meth:`RemoteStore.exists`)."""
@@ -487,13 +372,8 @@ class RedisClusterStore(RemoteStore, RedisCommon):
         self._check_open()
         if not kbs:
             return []
-        rkeys = self._rkeys(kbs)
-        counts = self._counts(
-            "exists" if len(kbs) == 1 else "batched_exists",
-            [wire.exists_command(k) for k in rkeys],
-            [key_slot(k) for k in rkeys],
-            "EXISTS",
-        )
+        action = "exists" if len(kbs) == 1 else "batched_exists"
+        counts = self._count_result(action, self._route(action, self._exists_op(kbs)))
         return [bool(n) for n in counts]
 
     def delete(self, key: Key) -> bool:
@@ -506,17 +386,8 @@ class RedisClusterStore(RemoteStore, RedisCommon):
         self._check_open()
         if not kbs:
             return 0
-        by_slot: dict[int, list[bytes]] = {}
-        for rkey in self._rkeys(kbs):
-            by_slot.setdefault(key_slot(rkey), []).append(rkey)
-        commands: list[bytes] = []
-        slots: list[int] = []
-        for slot, rkeys in by_slot.items():
-            for j in range(0, len(rkeys), DEL_KEYS):
-                commands.append(wire.del_command(*rkeys[j : j + DEL_KEYS]))
-                slots.append(slot)
         action = "delete" if len(kbs) == 1 else "batched_delete"
-        return sum(self._counts(action, commands, slots, "DEL"))
+        return sum(self._count_result(action, self._route(action, self._delete_op(kbs))))
 
     def head(self, key: Key) -> EntryInfo | None:
         """The stored header of ``key`` (see :meth:`RemoteStore.head`).
@@ -526,44 +397,16 @@ class RedisClusterStore(RemoteStore, RedisCommon):
         """
         kb = key_bytes(key)
         self._check_open()
-        rkey = self._prefix + kb
-        tag = key_tag(rkey)
-        where = f"head {kb!r} on {self.server}"
         length = wire.HEAD_READ
         for _ in range(2):
-
-            def parts(i: int, asking: bool, length: int = length) -> list[Any]:
-                if not asking:
-                    return [wire.head_commands(rkey, length)]
-                getrange = command(b"GETRANGE", rkey, b"0", b"%d" % (length - 1))
-                return [
-                    ASKING, wire.exists_command(rkey),
-                    ASKING, command(b"STRLEN", rkey),
-                    ASKING, getrange,
-                ]  # fmt: skip
-
-            def parse(reader: Any, i: int) -> Any:
-                return wire.read_head(reader, where, tag)
-
-            (info,) = self._route("head", _Op([key_slot(rkey)], parts, parse, 3, 1))
-            if isinstance(info, BaseException):
-                raise info
+            info = self._head_result(self._route("head", self._head_op(kb, length)))
             if not isinstance(info, int):
-                return info  # type: ignore[no-any-return]
+                return info
             length = info  # a header longer than the first read
-        raise ProtocolError(f"{where}: the header kept growing between two reads")
+        raise self._head_grew(kb)
 
     def _close(self) -> None:
         self._nodes.close()
 
     def __repr__(self) -> str:
         return f"<RedisClusterStore {self.server}{' closed' if self._closed else ''}>"
-
-
-def _read_ok(reader: Any, i: int) -> Any:
-    return wire.read_ok(reader)
-
-
-def _free_object(value: Any) -> None:
-    if isinstance(value, MemoryObj):
-        discard(value)
