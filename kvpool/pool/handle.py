@@ -20,7 +20,7 @@ from kvpool.errors import (
 )
 from kvpool.formats import MemoryFormat
 from kvpool.misuse import report
-from kvpool.pool.metadata import MemoryObjMetadata, check_prefix_sums
+from kvpool.pool.metadata import MemoryObjMetadata, check_prefix_sums, no_token_dim, view_error
 from kvpool.pool.monitor import PinMonitor
 from kvpool.pool.objects import MemoryObj
 
@@ -279,9 +279,12 @@ class TensorMemoryObj(MemoryObj):
         return self.phy
 
     def get_num_tokens(self) -> int:
-        """Size of the token dimension of the object's format."""
+        """Size of the format's token dim (InvalidArgumentError if the shape has no such dim)."""
         meta = self.record
-        return meta.shape[meta.fmt.token_dim()]
+        try:
+            return meta.shape[meta.fmt.token_dim()]
+        except IndexError:  # a malformed object only: no cost on the common path
+            raise no_token_dim(self, meta) from None
 
     # -- counting ------------------------------------------------------
 
@@ -512,7 +515,10 @@ class TensorMemoryObj(MemoryObj):
                 f"{self!r} has {len(shapes)} groups ({shapes}); it has no single tensor: "
                 "view each group with get_tensor(i)"
             )
-        return raw[: self._size].view(meta.dtype).view(meta.shape)  # type: ignore[arg-type]
+        try:
+            return raw[: self._size].view(meta.dtype).view(meta.shape)  # type: ignore[arg-type]
+        except RuntimeError as exc:  # a malformed object only: no cost on the common path
+            raise view_error(self, raw[: self._size], meta.shape, meta.dtype, exc) from None  # type: ignore[arg-type]
 
     def _used_bytes_tensor(self, raw: torch.Tensor, n: int) -> torch.Tensor:
         """The first ``n`` bytes, which may run past the layout into the aligned tail."""
@@ -551,7 +557,11 @@ class TensorMemoryObj(MemoryObj):
             )
         index %= len(shapes)
         sums = self.group_prefix_sum
-        return self.raw_data[sums[index] : sums[index + 1]].view(dtypes[index]).view(shapes[index])
+        data = self.raw_data[sums[index] : sums[index + 1]]
+        try:
+            return data.view(dtypes[index]).view(shapes[index])
+        except RuntimeError as exc:
+            raise view_error(self, data, shapes[index], dtypes[index], exc, index) from None
 
     @property
     def byte_array(self) -> memoryview:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -13,7 +14,7 @@ from kvpool.checks import check_int
 from kvpool.errors import ArgumentTypeError, InvalidArgumentError, KVPoolError
 from kvpool.formats import MemoryFormat, get_size_bytes, layout_bytes
 
-__all__ = ["MemoryObjMetadata", "check_prefix_sums"]
+__all__ = ["MemoryObjMetadata", "check_prefix_sums", "no_token_dim", "view_error"]
 
 
 def _dtype_from_str(text: object) -> torch.dtype:
@@ -164,3 +165,45 @@ def check_prefix_sums(value: object, limit: int) -> list[int]:
             f"size {limit}, got {value!r}"
         )
     return sums
+
+
+def no_token_dim(who: object, meta: MemoryObjMetadata) -> InvalidArgumentError:
+    """The error of a token count asked of ``meta``, whose shape lacks its format's token dim.
+
+    Args:
+        who: the object (named by its repr).
+        meta: its metadata.
+    """
+    dim = meta.fmt.token_dim()
+    return InvalidArgumentError(
+        f"{who!r} has shape {tuple(meta.shape)}, which has no token dimension: format "
+        f"{meta.fmt.name} counts tokens in dim {dim}, so the shape needs at least {dim + 1} "
+        "dims; build the object with a shape of its format's layout"
+    )
+
+
+def view_error(
+    who: object,
+    data: torch.Tensor,
+    shape: torch.Size,
+    dtype: torch.dtype,
+    exc: RuntimeError,
+    index: int | None = None,
+) -> InvalidArgumentError:
+    """The error of a view an object's bytes cannot give (its metadata and bytes disagree).
+
+    Args:
+        who: the object (named by its repr).
+        data: the bytes that were to be viewed.
+        shape, dtype: the view asked for.
+        exc: torch's refusal.
+        index: the group, for a view of one group.
+    """
+    have = data.numel() * data.element_size()
+    need = math.prod(shape) * dtype.itemsize
+    group = "" if index is None else f"group {index}: "
+    return InvalidArgumentError(
+        f"{who!r}: {group}its {have} bytes cannot be viewed as shape {tuple(shape)} of {dtype} "
+        f"({need} bytes): {exc}. Its raw_data must be a contiguous tensor holding the "
+        "metadata's layout (shape x dtype, or group_prefix_sum)"
+    )
