@@ -95,7 +95,8 @@ class LazyMemoryAllocator(MemoryPool):
         InvalidArgumentError: bad sizes.
         MemoryLimitError: ``init_size`` does not fit under a memory limit
             (cgroup, RAM); later steps that do not fit stop the growth instead.
-        plus the errors of :func:`kvpool.native.buffer.allocate_host`.
+        OutOfMemoryError: as :func:`kvpool.native.buffer.allocate_host`,
+            whose other errors (hugepages, NUMA node, memlock) also apply.
     """
 
     #: LMCache pins growth in pieces of this size; kvpool pins each step in
@@ -313,8 +314,8 @@ class LazyMemoryAllocator(MemoryPool):
 
         Raises:
             InvalidArgumentError: a bad timeout.
-            the error that stopped the growth, if one other than a memory
-            limit did.
+            Exception: the error that stopped the growth, if one other than
+                a memory limit did (re-raised here).
         """
         finished = self._done.wait(
             check_seconds("timeout", timeout, allow_none=True, allow_zero=True)
