@@ -269,7 +269,8 @@ class MemoryPool(MemoryAllocatorInterface):
 
     Args:
         backing: the memory (the pool owns it and closes it).
-        policy: the placement policy over ``backing``.
+        placement: the placement policy over ``backing``, or the
+            :class:`~kvpool.pool.policy.PlacementSpec` that builds one.
         byte_buffers: route ``BINARY_BUFFER`` requests to Python byte
             buffers (as the reference's MixedMemoryAllocator does).
         formats: the formats placed in the pool's memory (default: every
