@@ -154,7 +154,8 @@ class DevDaxMemoryAllocator(MemoryAllocatorInterface):
         local_allocator: a DRAM :class:`~kvpool.MixedMemoryAllocator` tried
             first (not with ``local_size``).
         local_size: make such a DRAM pool of this many bytes.
-        shm_name, use_hugepages: for that DRAM pool.
+        shm_name: for that DRAM pool (POSIX shared memory of this name).
+        use_hugepages: for that DRAM pool (2 MiB pages).
         align_bytes: alignment of objects (a power of two).
 
     Objects' ``parent()`` is this allocator for arena objects and the DRAM
