@@ -84,6 +84,7 @@ __all__ = [
     "MetricsServer",
     "install",
     "pool_labels",
+    "watch",
     "default_registry",
     "start_http_server",
 ]
@@ -99,6 +100,8 @@ _STORE_LABELS = ["store", "name"]
 # Pool names for pools without a shared-memory name: stable for the
 # pool's life, unique in the process.
 _pool_names: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+# Owners of store counters that are not stores (see watch()).
+_watched: weakref.WeakSet[Any] = weakref.WeakSet()
 _pool_numbers = itertools.count()
 _names_lock = threading.Lock()
 
@@ -212,7 +215,7 @@ class KVPoolCollector(Collector):
             labels=[*_STORE_LABELS, "op"],
         )
         bounds = [repr(float(b)) for b in LATENCY_BUCKETS] + ["+Inf"]
-        for store in live_stores():
+        for store in [*live_stores(), *(w for w in list(_watched) if not w.closed)]:
             counters = getattr(store, "counters", None)
             if counters is None:
                 continue
@@ -240,6 +243,16 @@ class KVPoolCollector(Collector):
             put_bytes.add_metric(labels, totals["put_bytes"])
             get_bytes.add_metric(labels, totals["get_bytes"])
         yield from (puts, gets, misses, put_bytes, get_bytes, ops, errors, latency)
+
+
+def watch(owner: Any) -> None:
+    """Export the ``owner.counters`` of something that counts like a store but is not one.
+
+    For example the LMCache plugin's connector.  Exported like an open
+    store's counters while ``owner.closed`` is False; held weakly.
+    """
+    with _lock:
+        _watched.add(owner)
 
 
 _registry: CollectorRegistry | None = None
