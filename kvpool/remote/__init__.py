@@ -188,9 +188,11 @@ def open_async_store(spec: str | os.PathLike[str], **options: Any) -> AsyncRemot
     checks a Redis server).
 
     Raises:
-        As :func:`open_store` (without the connection errors); a
-        ``redis-cluster://`` or ``mooncake://`` spec is an
-        ``InvalidArgumentError`` (no asyncio store for them yet).
+        InvalidArgumentError: a ``redis-cluster://`` or ``mooncake://``
+            spec (no asyncio store for them yet).
+
+    Otherwise it raises what :func:`open_store` raises (without the
+    connection errors).
     """
     kind, where = _parse(spec)
     if kind == "file":
