@@ -80,7 +80,9 @@ class AsyncFileStore(AsyncRemoteStore):
         store: the underlying blocking store (its ``path``, ``cleanup_temp``...).
 
     Raises:
-        As ``FileStore``; InvalidArgumentError for a bad ``threads``.
+        InvalidArgumentError: a bad ``threads``.
+
+    Otherwise it raises what ``FileStore`` raises.
     """
 
     def __init__(
