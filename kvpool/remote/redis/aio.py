@@ -336,8 +336,10 @@ class AsyncRedisStore(AsyncRemoteStore, RedisCommon):
     Args:
         url: a URL, a ``redis.Redis`` or ``redis.asyncio.Redis`` client, or
             either kind of ``ConnectionPool`` (their options are used).
-        prefix, checksum, timeout, connect_timeout, max_connections, ttl,
-        window, limits: as for ``RedisStore``.
+
+    ``prefix``, ``checksum``, ``timeout``, ``connect_timeout``,
+    ``max_connections``, ``ttl``, ``window`` and ``limits`` are as for
+    ``RedisStore``.
 
     Nothing is sent until the first call (``await store.ping()`` checks
     the server).
