@@ -375,7 +375,8 @@ class RemoteStore(metaclass=abc.ABCMeta):
         Raises:
             InvalidArgumentError: the lists differ in length (nothing is
                 stored), or as :meth:`put`.
-            Any error of :meth:`put`.
+
+        It raises any error of :meth:`put`.
         """
         check_pairs(keys, memory_objs)
         self._check_open()
@@ -396,9 +397,8 @@ class RemoteStore(metaclass=abc.ABCMeta):
         Returns:
             One object (or None for a missing key) per key, in order.
 
-        Raises:
-            Any error of :meth:`get`; every object this call allocated is
-            freed first, so nothing leaks.
+        It raises any error of :meth:`get`; every object this call allocated is freed first, so
+        nothing leaks.
         """
         key_list(keys)
         self._check_open()
@@ -416,8 +416,7 @@ class RemoteStore(metaclass=abc.ABCMeta):
     def batched_exists(self, keys: Sequence[Key]) -> list[bool]:
         """``exists`` for each key, in order.
 
-        Raises:
-            Any error of :meth:`exists`.
+        It raises any error of :meth:`exists`.
         """
         key_list(keys)
         self._check_open()
@@ -427,8 +426,7 @@ class RemoteStore(metaclass=abc.ABCMeta):
     def batched_delete(self, keys: Sequence[Key]) -> int:
         """``delete`` each key; returns how many entries were removed.
 
-        Raises:
-            Any error of :meth:`delete`.
+        It raises any error of :meth:`delete`.
         """
         key_list(keys)
         self._check_open()
