@@ -266,7 +266,8 @@ class FileStore(RemoteStore):
         Raises:
             InvalidArgumentError: the lists differ in length (nothing is
                 stored), or as :meth:`put`.
-            Any error of :meth:`put`.
+
+        It raises any error of :meth:`put`.
         """
         check_pairs(keys, memory_objs)
         if self._io_threads > 1 or len(memory_objs) < 2:
@@ -439,8 +440,7 @@ class FileStore(RemoteStore):
         fills up part way leaves the rest to single gets, so a batch
         needs no more room than its entries.
 
-        Raises:
-            As :meth:`get`; every object this call allocated is freed first.
+        It raises what :meth:`get` raises; every object this call allocated is freed first.
         """
         kbs = key_list(keys)
         self._check_open()
