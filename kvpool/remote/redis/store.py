@@ -218,9 +218,8 @@ class RedisStore(RemoteStore, RedisCommon):
         Each entry is written atomically; after an error, which entries of
         the batch were written is unspecified (each is whole or absent).
 
-        Raises:
-            As :meth:`put`; the lists differing in length is an
-            ``InvalidArgumentError`` (nothing is stored).
+        It raises what :meth:`put` raises; the lists differing in length is an
+        ``InvalidArgumentError`` (nothing is stored).
         """
         check_pairs(keys, memory_objs)
         kbs = key_list(keys)
@@ -284,8 +283,7 @@ class RedisStore(RemoteStore, RedisCommon):
         Returns:
             One object (or None for a missing key) per key, in order.
 
-        Raises:
-            As :meth:`get`; every object this call allocated is freed first.
+        It raises what :meth:`get` raises; every object this call allocated is freed first.
         """
         kbs = key_list(keys)
         self._check_open()
