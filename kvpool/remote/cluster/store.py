@@ -283,8 +283,7 @@ class RedisClusterStore(RemoteStore, ClusterCommon):
     def put(self, key: Key, memory_obj: MemoryObj, *, ttl: float | None = None) -> None:
         """Store ``memory_obj`` under ``key`` on its slot's master (see :meth:`RemoteStore.put`).
 
-        Raises:
-            As :meth:`RedisStore.put`.
+        It raises what :meth:`RedisStore.put` raises.
         """
         self.batched_put([key], [memory_obj], ttl=ttl)
 
@@ -296,9 +295,8 @@ class RedisClusterStore(RemoteStore, ClusterCommon):
         Each entry is written atomically; after an error (raised once every
         master was tried), which entries were written is unspecified.
 
-        Raises:
-            As :meth:`put`; the lists differing in length is an
-            ``InvalidArgumentError`` (nothing is stored).
+        It raises what :meth:`put` raises; the lists differing in length is an
+        ``InvalidArgumentError`` (nothing is stored).
         """
         check_pairs(keys, memory_objs)
         kbs = key_list(keys)
@@ -330,8 +328,7 @@ class RedisClusterStore(RemoteStore, ClusterCommon):
     ) -> MemoryObj | None:
         """Read ``key`` from its slot's master into a new object (see :meth:`RemoteStore.get`).
 
-        Raises:
-            As :meth:`RedisStore.get`.
+        It raises what :meth:`RedisStore.get` raises.
         """
         return self.batched_get([key], allocator, shapes, dtypes, fmt)[0]
 
@@ -348,8 +345,7 @@ class RedisClusterStore(RemoteStore, ClusterCommon):
         Returns:
             One object (or None for a missing key) per key, in order.
 
-        Raises:
-            As :meth:`get`; every object this call allocated is freed first.
+        It raises what :meth:`get` raises; every object this call allocated is freed first.
         """
         kbs = key_list(keys)
         self._check_open()
@@ -392,8 +388,7 @@ class RedisClusterStore(RemoteStore, ClusterCommon):
     def head(self, key: Key) -> EntryInfo | None:
         """The stored header of ``key`` (see :meth:`RemoteStore.head`).
 
-        Raises:
-            As :meth:`RedisStore.head`.
+        It raises what :meth:`RedisStore.head` raises.
         """
         kb = key_bytes(key)
         self._check_open()
