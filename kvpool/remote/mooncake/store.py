@@ -209,7 +209,8 @@ class MooncakeStore(RemoteStore):
 
         Raises:
             InvalidArgumentError: a malformed URL, or an option given twice.
-            As the constructor.
+
+        Otherwise it raises what the constructor raises.
         """
         known = keywords_of(cls, skip=1)  # the master comes from the URL
         if known is not None:
@@ -314,9 +315,8 @@ class MooncakeStore(RemoteStore):
         Each entry is written whole or not at all; after an error, which
         entries of the batch were written is unspecified.
 
-        Raises:
-            As :meth:`put`; the lists differing in length is an
-            ``InvalidArgumentError`` (nothing is stored).
+        It raises what :meth:`put` raises; the lists differing in length is an
+        ``InvalidArgumentError`` (nothing is stored).
         """
         check_pairs(keys, memory_objs)
         kbs = key_list(keys)
@@ -389,8 +389,7 @@ class MooncakeStore(RemoteStore):
         Returns:
             One object (or None for a missing key) per key, in order.
 
-        Raises:
-            As :meth:`get`; every object this call allocated is freed first.
+        It raises what :meth:`get` raises; every object this call allocated is freed first.
         """
         kbs = key_list(keys)
         self._check_open()
@@ -598,8 +597,7 @@ class MooncakeStore(RemoteStore):
     def batched_delete(self, keys: Sequence[Key]) -> int:
         """Remove every key (one call, leased ones retried); returns how many existed.
 
-        Raises:
-            As :meth:`delete`.
+        It raises what :meth:`delete` raises.
         """
         kbs = key_list(keys)
         self._check_open()
