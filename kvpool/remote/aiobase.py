@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import functools
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future
 from typing import Any, TypeVar
@@ -32,8 +33,9 @@ from kvpool.pool.interface import MemoryAllocatorInterface
 from kvpool.pool.objects import MemoryObj
 from kvpool.remote.base import Key
 from kvpool.remote.header import EntryInfo
+from kvpool.remote.objects import let_go
 
-__all__ = ["AsyncRemoteStore", "offload"]
+__all__ = ["PUT_OPERATIONS", "AsyncRemoteStore", "lets_go", "offload"]
 
 _T = TypeVar("_T")
 
@@ -71,14 +73,54 @@ async def offload(
         raise
 
 
+#: The coroutines whose failures let go of what their frames hold (see
+#: :func:`lets_go`): those that hold views of the caller's objects.
+PUT_OPERATIONS = ("put", "batched_put")
+
+
+def lets_go(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` (a store coroutine) whose exceptions keep no view of the caller's objects.
+
+    The asyncio stores' boundary, as the counting wrapper is the blocking
+    stores' one (:mod:`kvpool.remote.objects`, "Letting go of views"): an
+    exception leaving a failed ``put`` has its finished frames cleared, so
+    the caller's next ``ref_count_down`` frees the object at once.  Only the
+    puts are wrapped (an await costs a few hundred nanoseconds): a ``get``
+    lets go of its destinations' views where it frees them.
+    """
+
+    @functools.wraps(fn)
+    async def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await fn(self, *args, **kwargs)
+        except BaseException as exc:
+            let_go(exc)
+            raise
+
+    call._kvpool_lets_go = True  # type: ignore[attr-defined]
+    return call
+
+
 class AsyncRemoteStore(metaclass=abc.ABCMeta):
     """A store of memory objects for asyncio code (see :class:`RemoteStore`).
 
     Use ``async with store:`` or ``await store.aclose()``.  Calls may run
-    concurrently from many tasks of one event loop.
+    concurrently from many tasks of one event loop.  A subclass's ``put``
+    and ``batched_put`` are wrapped when the class is defined (:func:`lets_go`).
     """
 
     _closed = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for op in PUT_OPERATIONS:
+            fn = cls.__dict__.get(op)
+            if (
+                callable(fn)
+                and not getattr(fn, "__isabstractmethod__", False)
+                and not getattr(fn, "_kvpool_lets_go", False)
+            ):
+                setattr(cls, op, lets_go(fn))
 
     @abc.abstractmethod
     async def put(self, key: Key, memory_obj: MemoryObj) -> None:

@@ -32,6 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvpool.remote.objects import let_go
+
 __all__ = [
     "LATENCY_BUCKETS",
     "OPERATIONS",
@@ -345,7 +347,9 @@ def counted_method(op: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn`` (a store method) recording its outermost calls in ``self.counters``.
 
     A store without ``counters`` (one whose ``__init__`` did not run the
-    base's) is not counted.
+    base's) is not counted.  Every call that raises, counted or not, lets
+    go of what its finished frames hold (:func:`kvpool.remote.objects.let_go`)
+    before the exception leaves the store.
     """
     measure = _MEASURES.get(op, _one)
     clock = time.perf_counter
@@ -353,17 +357,23 @@ def counted_method(op: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def call(self: Any, *args: Any, **kwargs: Any) -> Any:
         counters = self.__dict__.get("counters")
-        if counters is None:
-            return fn(self, *args, **kwargs)
-        shard = counters.shard()
-        if shard.depth:  # inside another counted call of this store
-            return fn(self, *args, **kwargs)
+        shard = counters.shard() if counters is not None else None
+        if shard is None or shard.depth:  # not counted, or inside another counted call
+            try:
+                return fn(self, *args, **kwargs)
+            except BaseException as exc:
+                let_go(exc)
+                raise
         shard.depth = 1
         start = clock()
         try:
             result = fn(self, *args, **kwargs)
-        except Exception as exc:
-            shard.record_error(op, clock() - start, type(exc).__name__)
+        except BaseException as exc:
+            if isinstance(exc, Exception):
+                shard.record_error(op, clock() - start, type(exc).__name__)
+            # The store's boundary: the failed call's frames keep no view of
+            # the caller's objects (kvpool.remote.objects, "Letting go of views").
+            let_go(exc)
             raise
         finally:
             shard.depth = 0

@@ -14,6 +14,40 @@ A ``get`` that fails - a truncated or corrupted entry, a layout that does
 not match, a lost connection - frees the object it allocated before it
 raises: nothing half-written is ever returned and nothing leaks.
 
+Letting go of views
+-------------------
+A view of an object's bytes (its ``byte_array``, a slice of it, a cffi
+buffer over it) keeps those bytes from going back to the pool, whatever
+happened to the object (:mod:`kvpool.pool.lease`).  So no view a store
+takes may outlive the call that took it: a miss, a corrupt entry or a
+failed put would leave pool bytes held past the call, and strict mode
+would raise ``ViewsOutliveHandleError`` at the free.  A call's views sit
+in its own locals and in the locals of the frames an error went through,
+which the exception's traceback keeps for as long as anyone keeps the
+exception (a slice in a callee, a cffi buffer over the view, a request
+built from it).  Two places let go of them:
+
+* a ``get`` frees a destination it will not return with :func:`discard`,
+  naming the views it took of it.  ``discard`` first clears the finished
+  frames of the exception its caller is handling, if any (:func:`let_go`),
+  then releases the named views (``memoryview.release()`` disarms every
+  reference to a view object at once: a local, an argument, a tuple, a
+  closure), then frees the object: its bytes are back in the pool before
+  the call returns, and the free is not one under live views.
+* a ``put`` holds views of the caller's object.  When it fails, its
+  exception leaves the store through the store's boundary (the counting
+  wrapper every :class:`~kvpool.remote.base.RemoteStore` operation has,
+  the put wrapper of :class:`~kvpool.remote.aiobase.AsyncRemoteStore`),
+  which calls :func:`let_go` on it: the call's finished frames are
+  cleared, and the caller's next ``ref_count_down`` frees the object as
+  if the put had never run.
+
+Only frames below the caller's are cleared: an exception some frame up
+the stack was already handling when the store was called is left alone,
+with everything chained to it.  Tracebacks keep every file and line;
+only the locals of the failed call's finished frames are gone.  The
+success path does none of this.
+
 Kinds of objects
 ----------------
 * Host objects of pools (one group or several): stored and read.
@@ -35,8 +69,11 @@ Kinds of objects
 from __future__ import annotations
 
 import contextlib
+import sys
+import traceback
 import zlib
 from collections.abc import Callable
+from types import FrameType
 
 import torch
 
@@ -54,7 +91,16 @@ from kvpool.pool.objects import MemoryObj
 from kvpool.pool.placeholders import BytesBufferMemoryObj, GDSMemoryObject
 from kvpool.remote.header import Layout, encode_header, layout_for
 
-__all__ = ["allocate", "describe", "destination", "discard", "encode_entry", "hold", "release"]
+__all__ = [
+    "allocate",
+    "describe",
+    "destination",
+    "discard",
+    "encode_entry",
+    "hold",
+    "let_go",
+    "release",
+]
 
 
 def hold(obj: object, action: str) -> None:
@@ -132,14 +178,91 @@ def encode_entry(
     return encode_header(layout, fmt, view.nbytes, crc, key_tag), view
 
 
-def discard(obj: MemoryObj | None) -> None:
-    """Free an object a failed ``get`` allocated (ignoring an already dead one).
+def discard(obj: MemoryObj | None, *views: memoryview | None) -> None:
+    """Free an object a ``get`` allocated and will not return (a miss, an error).
 
-    Placeholders that cannot be counted (``GDSMemoryObject``) are left alone.
+    First lets go of every view of it the call holds (see the module
+    notes): the caller's ``views`` (None ignored) are released, and the
+    finished frames of the exception the caller is handling, if any, are
+    cleared.  So its bytes go back to the pool now, and the free is not
+    reported as one under live views.  An already dead object is ignored;
+    placeholders that cannot be counted (``GDSMemoryObject``) are left alone.
     """
+    if sys.exc_info()[1] is not None:  # the caller is handling or unwinding an error
+        _let_go_handled(sys._getframe(1))
+    for view in views:
+        if view is not None:
+            _release_view(view)
     if obj is not None and obj.is_valid():
         with contextlib.suppress(NotImplementedError):
             obj.ref_count_down()
+
+
+def let_go(exc: BaseException | None) -> None:
+    """Clear what the finished frames of a failed call's exception hold.
+
+    For an exception the caller caught or collected (e.g. one per key of a
+    batch) and will raise or drop: the locals of the frames it went
+    through - views, cffi buffers, requests built over an object's bytes -
+    are dropped, here and in the exceptions chained to it (``__cause__``,
+    ``__context__``).  Frames still running (the caller's) are left as
+    they are, and so is an exception that a frame above the caller was
+    already handling when the store was called (and everything chained to
+    it).  The traceback still shows every file and line.
+
+    Complexity: O(frames of the tracebacks + depth of the stack); only
+    error paths call it.
+    """
+    if exc is not None:
+        _clear_frames(exc, sys._getframe(1))
+
+
+def _let_go_handled(caller: FrameType) -> None:
+    """:func:`let_go` of the exception ``caller`` itself is handling or unwinding, if any.
+
+    ``sys.exc_info()`` also reports an exception some frame *above* the
+    caller is handling (a store called from an ``except`` block); that one
+    is the caller's caller's business, told apart by its traceback, whose
+    first frame is the frame handling it.
+    """
+    handled = sys.exc_info()[1]
+    if handled is not None:
+        tb = handled.__traceback__
+        if tb is not None and tb.tb_frame is caller:
+            _clear_frames(handled, caller)
+
+
+def _clear_frames(exc: BaseException, here: FrameType) -> None:
+    above: set[int] | None = None
+    seen: set[int] = set()
+    todo = [exc]
+    while todo:
+        error = todo.pop()
+        if id(error) in seen:
+            continue
+        seen.add(id(error))
+        tb = error.__traceback__
+        if tb is not None:
+            if above is None:
+                above = set()
+                frame = here.f_back
+                while frame is not None:
+                    above.add(id(frame))
+                    frame = frame.f_back
+            if id(tb.tb_frame) in above:
+                continue  # handled up the stack before this call: not ours
+            traceback.clear_frames(tb)  # running frames (ours) are skipped
+        if error.__cause__ is not None:
+            todo.append(error.__cause__)
+        if error.__context__ is not None:
+            todo.append(error.__context__)
+
+
+def _release_view(view: memoryview) -> None:
+    # A view still exported (a buffer over it that is alive elsewhere)
+    # cannot be released; the free that follows then reports it.
+    with contextlib.suppress(BufferError):
+        view.release()
 
 
 def allocate(
@@ -195,6 +318,7 @@ def destination(
             the layout's size (it is freed first).
     """
     obj = allocate(allocator, layout, fmt, where)
+    view: memoryview | None = None
     if obj.__class__ is TensorMemoryObj:
         try:
             view = obj.byte_array
@@ -229,6 +353,6 @@ def destination(
                 f"the entry needs a writable buffer of {layout.nbytes} bytes"
             )
     except BaseException:
-        discard(obj)
+        discard(obj, view)
         raise
     return obj, view

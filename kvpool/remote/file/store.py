@@ -413,14 +413,14 @@ class FileStore(RemoteStore):
                 ):
                     return obj
             elif outcome == entry_calls.MISSING:
-                discard(obj)
+                discard(obj, view)
                 return None
         except BaseException as exc:
-            discard(obj)
+            discard(obj, view)
             if isinstance(exc, OSError) and not isinstance(exc, KVPoolError):
                 raise self._os_error(exc, "get", kb) from exc
             raise
-        discard(obj)
+        discard(obj, view)
         return _CAREFUL
 
     def batched_get(
@@ -472,8 +472,8 @@ class FileStore(RemoteStore):
                     got = self.get(kb, allocator, shapes, dtypes, fmt)
                 out.append(got)  # type: ignore[arg-type]
         except BaseException:
-            for obj, _ in ready:
-                discard(obj)
+            for obj, view in ready:
+                discard(obj, view)
             for got in out:
                 discard(got)
             raise
@@ -490,7 +490,7 @@ class FileStore(RemoteStore):
         fd = self._open_entry(kb, "get")
         if fd is None:
             return None
-        obj = None
+        obj = view = None
         try:
             if layout is not None and fmt is not None:
                 obj, view = destination(allocator, layout, fmt, lambda: self._where("get", kb))
@@ -522,7 +522,7 @@ class FileStore(RemoteStore):
             self._finish(obj, view, info, kb)
             return obj
         except BaseException as exc:
-            discard(obj)
+            discard(obj, view)
             if isinstance(exc, OSError) and not isinstance(exc, KVPoolError):
                 raise self._os_error(exc, "get", kb) from exc
             raise
