@@ -30,7 +30,8 @@ from kvpool.errors import (
 )
 from kvpool.remote.cluster.slots import Address, SlotMap, parse_cluster_slots
 from kvpool.remote.redis.config import Target, import_redis, redact_url, resolve_target
-from kvpool.remote.redis.connection import NodePool, redis_py_connector
+from kvpool.remote.redis.connection import NodePool
+from kvpool.remote.redis.opener import connector
 from kvpool.remote.redis.resp import Limits, Reader, Send, Steps, command
 
 __all__ = ["SCHEMES", "ClusterNodes", "resolve_cluster", "slot_map_from", "slots_plan"]
@@ -207,7 +208,7 @@ class ClusterNodes:
             pool = self._pools.get(address)
             if pool is None:
                 target = self._target.with_address(*address)
-                connect = redis_py_connector(
+                connect = connector(
                     target.connection_class,
                     target.options,
                     target.label,

@@ -297,9 +297,18 @@ class AsyncNodePool:
             timer.cancel()
 
     async def _open_one(self, deadline: float) -> RedisConnection:
-        return await offload(
+        # The connector keeps the deadline at each of its steps; waiting for
+        # it no longer than the deadline covers what it cannot bound (name
+        # resolution, a credential provider): a late connection is closed.
+        opening = offload(
             self._opener, self._connect, deadline, on_orphan=lambda conn: conn.close()
         )
+        try:
+            return await asyncio.wait_for(opening, max(deadline - now(), 0.0))
+        except asyncio.TimeoutError as exc:  # wait_for's (a bare one), or the connector's
+            if exc.args:
+                raise
+            raise TimeoutError("the deadline passed while a connection was opened") from None
 
     def release(self, conn: AsyncConnection) -> None:
         """Give back a connection whose call ended cleanly (dropped if anything is unread)."""

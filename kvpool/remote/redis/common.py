@@ -34,7 +34,8 @@ from kvpool.remote.base import Key, key_bytes
 from kvpool.remote.header import Layout, key_tag
 from kvpool.remote.objects import encode_entry
 from kvpool.remote.redis.config import Target, import_redis, resolve_target, scrub
-from kvpool.remote.redis.connection import pipelined, redis_py_connector
+from kvpool.remote.redis.connection import pipelined
+from kvpool.remote.redis.opener import HandshakeRefused, connector
 from kvpool.remote.redis.resp import (
     ErrorReply,
     Limits,
@@ -164,7 +165,7 @@ class RedisCommon:
         self._checksum = checks.check_bool("checksum", checksum)
         self._target: Target = resolve_target(url, allow_asyncio=allow_asyncio)
         self.server = self._target.label
-        return redis_py_connector(
+        return connector(
             self._target.connection_class,
             self._target.options,
             self.server,
@@ -187,6 +188,8 @@ class RedisCommon:
         text = scrub(str(exc), self._target.secrets)
         if isinstance(exc, (TimeoutError, errors.TimeoutError)):
             return StoreTimeoutError(f"{where}: no answer within {self.timeout} s ({text})")
+        if isinstance(exc, HandshakeRefused):
+            return StoreConnectionError(f"{where}: {text}")
         if isinstance(exc, (ServerClosed, ConnectionError, errors.ConnectionError)):
             return StoreConnectionError(f"{where}: connection failed or lost ({text})")
         if isinstance(exc, OSError):

@@ -5,7 +5,7 @@ A store is given a URL (``redis://[user:password@]host[:port][/db]``,
 a ``redis.ConnectionPool``.  :func:`resolve_target` turns any of them into a
 :class:`Target`: the ``redis`` client's connection class and options (which
 kvpool uses to *open* its own connections; see
-:func:`kvpool.remote.redis.connection.redis_py_connector`), a label naming the
+:func:`kvpool.remote.redis.opener.connector`), a label naming the
 server in messages, and the secrets that must never appear in one.
 
 No message, ``repr`` or log line of the stores contains a password, a

@@ -23,11 +23,9 @@ cluster router keeps one :class:`NodePool` per node):
   reply that arrived late or twice is never read as the answer to a later
   command.  Anything else drops it.
 
-Connections are *opened* by the ``redis`` client
-(:func:`redis_py_connector`): it does TCP/UNIX/TLS, ``AUTH``, ``SELECT``
-and whatever else its URL or client options say; kvpool then takes over
-the socket and forces RESP2 (``protocol=2``), so no push message can
-arrive unasked.
+Connections are *opened* by :func:`kvpool.remote.redis.opener.connector`
+(socket, TLS and the ``AUTH``/``SELECT`` handshake, all within the call's
+deadline), which hands the socket to a :class:`RedisConnection`.
 
 Errors raised here are the low-level ones; the stores map them to
 kvpool's (with the server and key in the message): :class:`TimeoutError`
@@ -56,7 +54,6 @@ __all__ = [
     "NodePool",
     "RedisConnection",
     "pipelined",
-    "redis_py_connector",
 ]
 
 _T = TypeVar("_T")
@@ -516,70 +513,3 @@ class NodePool:
 
     def __repr__(self) -> str:
         return f"<NodePool {self.label}>"
-
-
-#: Connection options of the ``redis`` client that kvpool replaces or drops.
-_DROPPED_OPTIONS = (
-    "maint_notifications_config",
-    "maint_notifications_pool_handler",
-    "maintenance_state",
-    "maintenance_notification_hash",
-    "orig_host_address",
-    "orig_socket_timeout",
-    "orig_socket_connect_timeout",
-    "oss_cluster_maint_notifications_handler",
-    "retry_on_timeout",
-    "retry_on_error",
-    "health_check_interval",
-    "socket_timeout",  # the store's own timeout and deadline govern
-    "socket_connect_timeout",
-    "protocol",
-    "retry",
-)
-
-
-def redis_py_connector(
-    connection_class: type,
-    options: dict[str, Any],
-    label: str,
-    connect_timeout: float,
-    limits: Limits = DEFAULT_LIMITS,
-) -> Callable[[float], RedisConnection]:
-    """A ``deadline -> RedisConnection`` function that opens connections with the ``redis`` client.
-
-    Args:
-        connection_class: the client's connection class (``redis.Connection``,
-            ``SSLConnection``, ``UnixDomainSocketConnection``...).
-        options: its keyword arguments (a ``ConnectionPool``'s
-            ``connection_kwargs``); kvpool sets the timeouts (the smaller of
-            ``connect_timeout`` and the time left), no retries, no health
-            checks and RESP2.
-        label: the server as messages name it.
-        connect_timeout: longest wait for one connection, seconds.
-        limits: bounds on replies.
-    """
-    from redis.backoff import NoBackoff
-    from redis.retry import Retry
-
-    base = {k: v for k, v in options.items() if k not in _DROPPED_OPTIONS}
-    base["protocol"] = 2
-    base["retry"] = Retry(NoBackoff(), 0)
-
-    def connect(deadline: float) -> RedisConnection:
-        remaining = deadline - now()
-        if remaining <= 0:
-            raise TimeoutError("the call's deadline passed before a connection was opened")
-        wait = min(remaining, connect_timeout)
-        owner = connection_class(**base, socket_timeout=wait, socket_connect_timeout=wait)
-        try:
-            owner.connect()
-            sock = owner._sock  # the client keeps its socket here (redis >= 4)
-            if sock is None:
-                raise ConnectionError(f"the redis client opened no socket to {label}")
-            return RedisConnection(sock, label, owner, limits)
-        except BaseException:
-            with contextlib.suppress(Exception):
-                owner.disconnect()
-            raise
-
-    return connect

@@ -73,7 +73,9 @@ from kvpool.remote.redis.resp import (
 )
 
 __all__ = [
+    "AUTH_CODES",
     "HEAD_READ",
+    "credentials_refused",
     "del_command",
     "exists_command",
     "get_command",
@@ -163,7 +165,9 @@ def read_sentinel(
 
     Raises:
         StoreConnectionError: the server asks for credentials (``NOAUTH``...).
-        RemoteStoreError: the server refused ``PING``.
+        RemoteStoreError: an error where the echo was due: the server
+            refused ``PING`` (``LOADING``...), or a late error reply of an
+            earlier command (which of the two cannot be told).
         ProtocolError: something else came: a reply was duplicated or lost.
     """
     line = yield from reader.line()
@@ -173,15 +177,24 @@ def read_sentinel(
         if echo == nonce:
             return
     elif line[:1] == b"-":
-        raise _refusal(ErrorReply(line[1:501].decode("utf-8", errors="replace")), where)
+        error = ErrorReply(line[1:501].decode("utf-8", errors="replace"))
+        if error.code in AUTH_CODES:
+            raise _refusal(error, where)
+        raise RemoteStoreError(
+            f"{where}: the server answered {error.text!r} where the echo of the end-of-call "
+            "PING was due (PING refused, or a reply out of step); the connection was dropped"
+        )
     raise ProtocolError(
-        "the replies are out of step with the commands (the end-of-call marker did not come "
-        f"where expected; got {line[:40]!r}); the connection was dropped"
+        f"{where}: the replies are out of step with the commands (the end-of-call marker did "
+        f"not come where expected; got {line[:40]!r}); the connection was dropped"
     )
 
 
-def read_ok(reader: Reader) -> Generator[Want, None, ErrorReply | None]:
-    """The reply to ``SET``: None for ``+OK``, an :class:`ErrorReply` for a refusal.
+def read_ok(reader: Reader, what: str = "SET") -> Generator[Want, None, ErrorReply | None]:
+    """The reply to ``SET`` (or another command answered ``+OK``, named by ``what``).
+
+    Returns:
+        None for ``+OK``, an :class:`ErrorReply` for a refusal.
 
     Raises:
         ProtocolError: any other reply.
@@ -191,7 +204,7 @@ def read_ok(reader: Reader) -> Generator[Want, None, ErrorReply | None]:
         return None
     if line[:1] == b"-":
         return ErrorReply(line[1:501].decode("utf-8", errors="replace"))
-    raise ProtocolError(f"unexpected reply {line[:40]!r} to SET (expected +OK)")
+    raise ProtocolError(f"unexpected reply {line[:40]!r} to {what} (expected +OK)")
 
 
 def read_count(reader: Reader, what: str) -> Generator[Want, None, int | ErrorReply]:
@@ -212,14 +225,29 @@ def read_count(reader: Reader, what: str) -> Generator[Want, None, int | ErrorRe
 
 
 #: Error codes that mean the connection is not allowed in (not a refusal of the command).
-_AUTH_CODES = ("NOAUTH", "WRONGPASS", "NOPERM")
+AUTH_CODES = ("NOAUTH", "WRONGPASS", "NOPERM")
+
+
+def credentials_refused(text: str) -> str:
+    """The message of a server that refused a connection's credentials (``text``: its answer).
+
+    ``NOPERM`` (an ACL that does not let the user run a command) names
+    that fix instead.
+    """
+    if text.startswith("NOPERM"):
+        return (
+            f"the server's ACL refused this user the command ({text}): grant it to the user "
+            "(ACL SETUSER ...) or give another user in the URL"
+        )
+    return (
+        f"the server refused the connection's credentials ({text}): check the user name and "
+        "password in the URL (redis://USER:PASSWORD@host:port/db) or the client's options"
+    )
 
 
 def _refusal(error: ErrorReply, where: str) -> RemoteStoreError:
-    if error.code in _AUTH_CODES:
-        return StoreConnectionError(
-            f"{where}: the server refused the connection's credentials: {error.text}"
-        )
+    if error.code in AUTH_CODES:
+        return StoreConnectionError(f"{where}: {credentials_refused(error.text)}")
     if error.code == "WRONGTYPE":
         return CorruptEntryError(
             f"{where}: the key holds a Redis value that is not a string - an entry in the hash "
