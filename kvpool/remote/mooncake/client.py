@@ -149,6 +149,7 @@ _URL_OPTIONS: dict[str, type] = {
     "prefix": str,
     "timeout": float,
     "checksum": bool,
+    "headerless": bool,
 }
 
 
@@ -157,8 +158,8 @@ def parse_url(url: str) -> tuple[str, dict[str, Any]]:
 
     The query may set ``metadata``, ``protocol``, ``device``,
     ``local_hostname``, ``replicas``, ``segment_size`` and
-    ``local_buffer_size`` (bytes), ``prefix``, ``timeout`` (seconds) and
-    ``checksum`` (``0``/``1``), each at most once.
+    ``local_buffer_size`` (bytes), ``prefix``, ``timeout`` (seconds),
+    ``checksum`` and ``headerless`` (``0``/``1``), each at most once.
 
     Raises:
         InvalidArgumentError: another scheme, no master, an unknown or

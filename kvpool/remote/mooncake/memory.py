@@ -19,13 +19,15 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 
 import kvpool.remote.mooncake.codes as codes
+from kvpool.pool.handle import TensorMemoryObj
 from kvpool.pool.interface import MemoryAllocatorInterface
 from kvpool.pool.objects import MemoryObj
 
-__all__ = ["HeaderSlabs", "PoolRegions", "Slab"]
+__all__ = ["HeaderSlabs", "PoolRegions", "Slab", "address_of"]
 
 #: Smallest header slab.
 _SLAB_MIN = 64 << 10
@@ -203,3 +205,10 @@ def _memory_region(owner: object) -> tuple[int, int] | None:
     if isinstance(owner, MemoryAllocatorInterface):
         return owner.memory_region()
     return None
+
+
+def address_of(obj: MemoryObj, view: memoryview) -> int:
+    """Address of the bytes ``view`` covers (a pool object's own, else the buffer's)."""
+    if obj.__class__ is TensorMemoryObj:
+        return obj.data_ptr
+    return int(np.frombuffer(view, dtype=np.uint8).ctypes.data) if view.nbytes else 0

@@ -38,7 +38,8 @@ class Entry:
     Attributes:
         where: names the operation and key in error messages.
         mkey: the Mooncake key.
-        header: the header, a view of its slot.
+        header: the header, a view of its slot; empty for a headerless
+            entry (:mod:`kvpool.remote.mooncake.raw`): the bytes alone.
         header_ptr: the slot's address.
         view: the object's bytes (``byte_array``).
         data_ptr: their address.
@@ -67,6 +68,8 @@ class Entry:
     def buffers(self) -> tuple[list[int], list[int]]:
         """Addresses and sizes of its buffers (no empty one)."""
         hs = self.header.nbytes
+        if not hs:
+            return [self.data_ptr], [self.view.nbytes]
         if not self.view.nbytes:
             return [self.header_ptr], [hs]
         return [self.header_ptr, self.data_ptr], [hs, self.view.nbytes]
@@ -128,9 +131,14 @@ def _write_round(
             errors.append(codes.error_for(rc if rc < -1 else -1, entry.where))
     if fresh:
         bufs = [e.buffers() for e in fresh]
-        put = client.batch_put_from_multi_buffers(
-            [e.mkey for e in fresh], [b[0] for b in bufs], [b[1] for b in bufs], config
-        )
+        if all(len(b[0]) == 1 for b in bufs):  # headerless: one buffer each, the plain call
+            put = client.batch_put_from(
+                [e.mkey for e in fresh], [b[0][0] for b in bufs], [b[1][0] for b in bufs], config
+            )
+        else:
+            put = client.batch_put_from_multi_buffers(
+                [e.mkey for e in fresh], [b[0] for b in bufs], [b[1] for b in bufs], config
+            )
         for entry, rc in zip(fresh, put, strict=True):
             if rc != 0:
                 errors.append(codes.error_for(rc, entry.where))
@@ -149,7 +157,7 @@ def _upsert(client: Any, config: Any, entry: Entry, timeout: float, local_buffer
             f"Mooncake client's local buffer of {local_buffer_size} bytes; open the store with "
             f"local_buffer_size >= {entry.total}, or delete the entry first"
         )
-    parts = (entry.header, entry.view) if entry.view.nbytes else (entry.header,)
+    parts = tuple(part for part in (entry.header, entry.view) if part.nbytes)
     backoff = codes.Backoff(timeout)
     while True:
         rc = client.upsert_parts(entry.mkey, *parts, config=config)

@@ -26,6 +26,9 @@ How the bytes move
   one object (``batch_put_from_multi_buffers``), after one
   ``batch_is_exist`` for the batch.  The object's bytes are never copied
   in Python.
+* **headerless** (``headerless=True``): an entry is the object's bytes
+  alone, one buffer instead of two, read only with the layout given; what
+  that gives up is listed in :mod:`kvpool.remote.mooncake.raw`.
 * **get** with a known layout and format allocates the object first and
   reads header and bytes in one call (``batch_get_into_multi_buffers``):
   the header lands in a header slot and is checked, the bytes land in the
@@ -71,7 +74,6 @@ import zlib
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import torch
 
 import kvpool.remote.mooncake.codes as codes
@@ -84,7 +86,6 @@ from kvpool.errors import (
 )
 from kvpool.formats import MemoryFormat
 from kvpool.native.limits import check_ram_bytes
-from kvpool.pool.handle import TensorMemoryObj
 from kvpool.pool.interface import MemoryAllocatorInterface
 from kvpool.pool.objects import MemoryObj
 from kvpool.remote.base import (
@@ -98,8 +99,9 @@ from kvpool.remote.base import (
 )
 from kvpool.remote.header import EntryInfo, Layout, decode_header, layout_for
 from kvpool.remote.mooncake.client import connect, import_mooncake, parse_url, split_host_port
-from kvpool.remote.mooncake.memory import HeaderSlabs, PoolRegions, Slab
+from kvpool.remote.mooncake.memory import HeaderSlabs, PoolRegions, Slab, address_of
 from kvpool.remote.mooncake.ops import FIRST_READ, Entry, read_header, rounds, write_entries
+from kvpool.remote.mooncake.raw import raw_entry, raw_get
 from kvpool.remote.mooncake.segments import MountedSegment, Segments
 from kvpool.remote.objects import destination, discard, encode_entry, hold, release
 
@@ -135,10 +137,15 @@ class MooncakeStore(RemoteStore):
         client: an already set up ``MooncakeDistributedStore`` to use
             instead of making one (the store does not close it); the other
             connection arguments are then ignored.
+        headerless: store each entry as the object's bytes alone, without
+            kvpool's header (one Mooncake buffer per entry instead of two);
+            ``get`` then needs shapes, dtypes and fmt and checks only the
+            stored size: no layout, format or CRC check, no narrowed
+            objects, no ``head`` (:mod:`kvpool.remote.mooncake.raw`).
 
     Raises:
         FeatureUnavailableError: Mooncake's client is not installed.
-        InvalidArgumentError: a bad argument.
+        InvalidArgumentError: a bad argument; ``checksum`` with ``headerless``.
         StoreConnectionError: the master cannot be reached, or setup failed.
 
     Thread safety: every call may run from several threads at once (the
@@ -160,9 +167,16 @@ class MooncakeStore(RemoteStore):
         checksum: bool = False,
         timeout: float = 5.0,
         client: Any = None,
+        headerless: bool = False,
     ) -> None:
         super().__init__(1)
         _, config_cls = import_mooncake()
+        self.headerless = check_bool("headerless", headerless)
+        if self.headerless and checksum:
+            raise InvalidArgumentError(
+                "checksum=True records a CRC in the entry's header, and a headerless store "
+                "writes none: choose one"
+            )
         timeout = check_seconds("timeout", timeout)  # type: ignore[assignment]
         replicas = check_int("replicas", replicas, low=1, high=MAX_REPLICAS)
         # Mooncake allocates both at set-up: more than this machine's RAM
@@ -330,14 +344,15 @@ class MooncakeStore(RemoteStore):
             for obj in memory_objs:
                 hold(obj, "batched_put" if len(kbs) > 1 else "put")
                 held.append(obj)
-            described = [encode_entry(obj, self._checksum) for obj in held]
+            encode = raw_entry if self.headerless else encode_entry
+            described = [encode(obj, self._checksum) for obj in held]
             slab = self._slabs.take(sum(len(h) for h, _ in described))
             entries = []
             off = 0
             for kb, obj, (header, view) in zip(kbs, held, described, strict=True):
                 end = off + len(header)
                 slab.view[off:end] = header
-                address = _address(obj, view)
+                address = address_of(obj, view)
                 temporary.append(self._regions.ensure(obj, address, view.nbytes))
                 where = self._where("put", kb)
                 slot = slab.view[off:end]
@@ -398,6 +413,12 @@ class MooncakeStore(RemoteStore):
         if not kbs:
             return out
         try:
+            if self.headerless:
+                names = [(self._mkey(kb), self._where("get", kb)) for kb in kbs]
+                raw_get(
+                    self.client, self._regions, names, allocator, layout, fmt, out, self.timeout
+                )
+                return out
             if layout is not None and fmt is not None:
                 later = self._get_known(kbs, allocator, layout, fmt, out)
             else:
@@ -435,7 +456,7 @@ class MooncakeStore(RemoteStore):
                 wanted.append(i)
         if not wanted:
             return later
-        ptr_of = {i: _address(out[i], view_of[i]) for i in wanted}  # type: ignore[arg-type]
+        ptr_of = {i: address_of(out[i], view_of[i]) for i in wanted}  # type: ignore[arg-type]
         temporary: list[tuple[int, int] | None] = []
         slab = self._slabs.take(hs * len(wanted))
         try:
@@ -527,7 +548,7 @@ class MooncakeStore(RemoteStore):
                 rc = codes.TRANSFER_FAIL
                 try:
                     view = full[: info.size]
-                    address = _address(obj, view)
+                    address = address_of(obj, view)
                     reg = self._regions.ensure(obj, address, view.nbytes)
                     try:
                         if info.size:
@@ -631,9 +652,11 @@ class MooncakeStore(RemoteStore):
         """
         kb = key_bytes(key)
         self._check_open()
+        where = self._where("head", kb)
+        if self.headerless:
+            raise InvalidArgumentError(f"{where}: a headerless store writes no header to read")
         slab = self._slabs.take(FIRST_READ)
         backoff = codes.Backoff(self.timeout)
-        where = self._where("head", kb)
         try:
             while True:
                 try:
@@ -656,10 +679,3 @@ class MooncakeStore(RemoteStore):
     def __repr__(self) -> str:
         server = self.__dict__.get("server", "(not set up)")
         return f"<MooncakeStore {server}{' closed' if self.__dict__.get('_closed') else ''}>"
-
-
-def _address(obj: MemoryObj, view: memoryview) -> int:
-    """Address of the bytes ``view`` covers (a pool object's own, else the buffer's)."""
-    if obj.__class__ is TensorMemoryObj:
-        return obj.data_ptr
-    return int(np.frombuffer(view, dtype=np.uint8).ctypes.data) if view.nbytes else 0
