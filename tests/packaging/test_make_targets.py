@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -49,6 +51,20 @@ def test_lint_runs_ruff_check_and_format() -> None:
 def test_ci_lints_before_testing() -> None:
     script = (ROOT / ".ci" / "run").read_text()
     assert script.index("make lint") < script.index("make test")
+
+
+def test_wheel_compiles_with_zig_for_glibc_2_17_and_lib_with_the_system_cc() -> None:
+    for target, arch in (("wheel", platform.machine()), ("wheel-aarch64", "aarch64")):
+        out = dry_run(target, "PYTHON=python3")
+        assert '"ziglang==' in out  # wheel-tools installs the pinned toolchain
+        build = next(line for line in out.splitlines() if " -m build " in line)
+        # By absolute path: the build runs in an unpacked sdist elsewhere.
+        zig = rf'KVPOOL_CC="/\S+ -m ziglang cc -target {arch}-linux-gnu\.2\.17 -g0"'
+        assert re.search(zig, build), build
+        assert f"--plat-name=linux_{arch}" in out
+        assert "auditwheel show" in out
+    lib = dry_run("lib")
+    assert "build.py" in lib and "ziglang" not in lib and "KVPOOL_CC" not in lib
 
 
 def test_gpu_wheels_downloads_cffi_and_pycparser_for_the_gpu_python() -> None:

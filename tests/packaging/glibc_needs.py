@@ -1,0 +1,49 @@
+"""The glibc versions a shared library asks for, read from its ELF version requirements.
+
+A library linked against glibc records, per symbol, the version tag it was
+bound to (``GLIBC_2.17``, ``GLIBC_2.34``, ...) in its ``.gnu.version_r``
+section; the loader refuses the library on a glibc older than the newest
+tag.  ``objdump -T`` shows the same; this reads it with pyelftools (which
+auditwheel depends on), so the tests need no binutils.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+
+from elftools.elf.elffile import ELFFile
+from elftools.elf.gnuversions import GNUVerNeedSection
+
+_TAG = re.compile(r"GLIBC_(\d+)\.(\d+)(?:\.\d+)?")
+
+#: ELF e_machine names, as pyelftools spells them, of the wheels' architectures.
+MACHINES = {"x86_64": "EM_X86_64", "aarch64": "EM_AARCH64"}
+
+
+def glibc_versions(library: bytes) -> set[tuple[int, int]]:
+    """Return the (major, minor) glibc versions the library's symbols are bound to.
+
+    Args:
+        library: the bytes of an ELF shared library.
+
+    Returns:
+        Every ``GLIBC_x.y[.z]`` requirement as ``(x, y)``; empty for a library
+        that needs nothing versioned from glibc.
+    """
+    found: set[tuple[int, int]] = set()
+    elf = ELFFile(io.BytesIO(library))
+    for section in elf.iter_sections():
+        if not isinstance(section, GNUVerNeedSection):
+            continue
+        for _needed, entries in section.iter_versions():
+            for entry in entries:
+                match = _TAG.fullmatch(entry.name)
+                if match:
+                    found.add((int(match.group(1)), int(match.group(2))))
+    return found
+
+
+def machine(library: bytes) -> str:
+    """Return the ELF machine of the library (``EM_X86_64``, ``EM_AARCH64``, ...)."""
+    return str(ELFFile(io.BytesIO(library)).header["e_machine"])
