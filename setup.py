@@ -13,6 +13,11 @@ Everything declarative lives in pyproject.toml.  This file only adds:
   Python version.  ``make wheel`` then has ``auditwheel`` check that the
   library needs nothing outside the manylinux policy and retag the wheel
   ``manylinux_*`` (a plain ``linux_*`` wheel is refused by package indexes).
+
+The compiler is build.py's (``$KVPOOL_CC``, else ``$CC``, else ``cc``):
+``make wheel`` sets ``KVPOOL_CC`` to zig's clang aimed at glibc 2.17, and
+for a cross-compiled wheel (``make wheel-aarch64``) passes ``--plat-name``,
+which the platform tag below follows.
 """
 
 from __future__ import annotations
