@@ -90,7 +90,8 @@ class ViewsOutliveHandleError(InvalidHandleError):
     """A handle was freed while views of its bytes were alive (strict mode only).
 
     The bytes are not reused until the last view is gone; outside strict
-    mode this is a warning.
+    mode such a free is safe: it is counted (``PoolStats.freed_under_views``)
+    and logged at DEBUG only.
     """
 
 

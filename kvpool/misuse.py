@@ -8,6 +8,12 @@ In *strict mode* it raises instead (:class:`~kvpool.errors.RefCountError`
 for counting errors, :class:`~kvpool.errors.InvalidHandleError` for dead
 handles), which is what test suites want.
 
+Some events are not misuse at all outside strict mode, only worth
+finding for those who look: an object freed while views of its bytes are
+alive is safe (the bytes wait for the last view) and common in correct
+asynchronous code.  Such an event is counted by its owner, logged at
+DEBUG (:func:`notice`), and raises only in strict mode.
+
 Strict mode is on when the environment variable ``KVPOOL_STRICT`` is set
 to ``1`` (or ``true``/``yes``/``on``) at import time, and can be switched
 at run time with :func:`set_strict_mode`.
@@ -20,7 +26,7 @@ import os
 
 from kvpool.checks import check_bool
 
-__all__ = ["STRICT_ENV", "ReportOnce", "report", "set_strict_mode", "strict_mode"]
+__all__ = ["STRICT_ENV", "ReportOnce", "notice", "report", "set_strict_mode", "strict_mode"]
 
 #: Environment variable that switches strict mode on at import time.
 STRICT_ENV = "KVPOOL_STRICT"
@@ -59,6 +65,17 @@ def report(error: type[Exception], message: str) -> None:
     if _strict:
         raise error(message)
     logger.warning("%s", message)
+
+
+def notice(error: type[Exception], message: str) -> None:
+    """Raise ``error(message)`` in strict mode, else log it at DEBUG.
+
+    For events that are safe outside strict mode (the caller counts them)
+    but that strict mode is there to find.
+    """
+    if _strict:
+        raise error(message)
+    logger.debug("%s", message)
 
 
 class ReportOnce:

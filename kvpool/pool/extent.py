@@ -138,6 +138,7 @@ class TensorMemoryAllocator(PlacementPolicy):
                 self._pinned,
                 am.largest_free_locked(),
                 self._held_bytes,
+                self._freed_under_views,
             )
         finally:
             lock.release()

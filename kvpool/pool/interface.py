@@ -37,6 +37,10 @@ class PoolStats:
         held_by_views_bytes: of ``used_bytes``, the bytes of freed objects
             that views (``byte_array``, tensors) still hold; they become
             free when the last view is gone.
+        freed_under_views: objects freed while views of their bytes were
+            alive, since the pool was made (a count that only grows; such a
+            free is safe and is logged only at DEBUG, or raises
+            ``ViewsOutliveHandleError`` in strict mode).
     """
 
     total_bytes: int
@@ -47,17 +51,24 @@ class PoolStats:
     largest_free_block: int
     fragmentation: float
     held_by_views_bytes: int = 0
+    freed_under_views: int = 0
 
     @staticmethod
     def build(
-        total: int, used: int, active: int, pinned: int, largest: int, held_by_views: int = 0
+        total: int,
+        used: int,
+        active: int,
+        pinned: int,
+        largest: int,
+        held_by_views: int = 0,
+        freed_under_views: int = 0,
     ) -> PoolStats:
         """Fill in the derived fields.
 
         Raises:
             InvalidArgumentError: a figure that is not an int >= 0.
         """
-        total, used, active, pinned, largest, held_by_views = (
+        total, used, active, pinned, largest, held_by_views, freed_under_views = (
             check_int(name, value, low=0)
             for name, value in (
                 ("total", total),
@@ -66,11 +77,22 @@ class PoolStats:
                 ("pinned", pinned),
                 ("largest", largest),
                 ("held_by_views", held_by_views),
+                ("freed_under_views", freed_under_views),
             )
         )
         free = total - used
         frag = 1.0 - largest / free if free > 0 else 0.0
-        return PoolStats(total, used, free, active, pinned, largest, max(0.0, frag), held_by_views)
+        return PoolStats(
+            total,
+            used,
+            free,
+            active,
+            pinned,
+            largest,
+            max(0.0, frag),
+            held_by_views,
+            freed_under_views,
+        )
 
 
 class MemoryAllocatorInterface(metaclass=abc.ABCMeta):

@@ -231,6 +231,7 @@ class PagedTensorMemoryAllocator(PlacementPolicy):
                 self.align_bytes if free else 0,
                 0.0,
                 self._held_bytes,
+                self._freed_under_views,
             )
         finally:
             lock.release()

@@ -14,8 +14,9 @@ placement (allocate, batched forms, :meth:`~PlacementPolicy.release_locked`,
 * **views own their allocation** - a handle's views come from a
   :class:`~kvpool.pool.lease.ViewLease`; when the handle dies while views
   are alive, its bytes wait for the last view (counted in
-  ``held_by_views_bytes``) and the handle is reported (a warning, or
-  :class:`~kvpool.errors.ViewsOutliveHandleError` in strict mode);
+  ``held_by_views_bytes``), the free is counted (``freed_under_views``)
+  and logged at DEBUG - it is safe, and usual in asynchronous code - or
+  raises :class:`~kvpool.errors.ViewsOutliveHandleError` in strict mode;
 * **the garbage-collection backstop** - a handle dropped without
   ``ref_count_down`` is released by its ``__del__`` (with a warning), at
   once if the pool's lock is free, else queued and released under the
@@ -61,7 +62,7 @@ from kvpool.errors import (
     ViewsOutliveHandleError,
 )
 from kvpool.formats import MAX_LAYOUT_BYTES, MemoryFormat, format_hint
-from kvpool.misuse import ReportOnce, report, strict_mode
+from kvpool.misuse import ReportOnce, notice, report, strict_mode
 from kvpool.pool.arena import Arena
 from kvpool.pool.handle import TensorMemoryObj
 from kvpool.pool.interface import MemoryAllocatorInterface
@@ -249,6 +250,8 @@ class PlacementPolicy(MemoryAllocatorInterface):
         self._returns: deque[ViewLease] = deque()
         self._held_bytes = 0
         self._held_count = 0
+        # Frees while views were alive, since the pool was made (monotonic).
+        self._freed_under_views = 0
         # Strict mode: what the garbage-collection backstop reclaimed.
         self._leaked: list[str] = []
         self._close_hooks: dict[int, Callable[[], None]] = {}
@@ -329,6 +332,8 @@ class PlacementPolicy(MemoryAllocatorInterface):
         self._held_bytes += lease.phy
         self._held_count += 1
         alive = lease.detach()
+        if alive:
+            self._freed_under_views += 1
         if self._returns:
             self._drain_returns_locked()
         return alive
@@ -351,7 +356,9 @@ class PlacementPolicy(MemoryAllocatorInterface):
         return count
 
     def _report_views_outlive(self, obj: object) -> None:
-        report(
+        # Safe (the bytes wait for the views) and counted: not misuse
+        # outside strict mode.
+        notice(
             ViewsOutliveHandleError,
             f"{obj!r} was freed while views of its bytes are alive; its bytes are not reused "
             "until the last view is gone. Free the object after you are done with its "
@@ -362,6 +369,11 @@ class PlacementPolicy(MemoryAllocatorInterface):
     def held_by_views_bytes(self) -> int:
         """Bytes of freed objects that views still hold (not reusable yet)."""
         return self._held_bytes
+
+    @property
+    def freed_under_views(self) -> int:
+        """Objects freed while views of their bytes were alive, since the pool was made."""
+        return self._freed_under_views
 
     @property
     def display_name(self) -> str:
