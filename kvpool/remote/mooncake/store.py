@@ -481,7 +481,7 @@ class MooncakeStore(RemoteStore):
                             self._check_header(header, layout, fmt, obj, view_of[i], where)  # type: ignore[arg-type]
                         continue
                     out[i] = None
-                    discard(obj)
+                    discard(obj, view_of.pop(i))
                     if rc == codes.NOT_FOUND:
                         continue
                     if rc in (codes.BUFFER_TOO_SMALL, codes.TRANSFER_FAIL, codes.NOT_READY):
@@ -545,6 +545,7 @@ class MooncakeStore(RemoteStore):
                     slab = self._slabs.take(hs)
                 stored = layout or layout_for(info.shapes, info.dtypes)
                 obj, full = destination(allocator, stored, fmt or info.fmt, where)
+                view = None
                 rc = codes.TRANSFER_FAIL
                 try:
                     view = full[: info.size]
@@ -566,9 +567,9 @@ class MooncakeStore(RemoteStore):
                             obj.set_used_size(info.size)
                         return obj
                 except BaseException:
-                    discard(obj)
+                    discard(obj, view, full)
                     raise
-                discard(obj)
+                discard(obj, view, full)
                 if rc == codes.NOT_FOUND:
                     return None
                 # Replaced between the header and the read (another size, or
