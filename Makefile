@@ -74,13 +74,13 @@ docs-deps:
 	$(PIP) install -q -e ".[docs]"
 
 docs: docs-deps
-	$(PYTHON) -m mkdocs build --strict
+	NO_MKDOCS_2_WARNING=1 $(PYTHON) -m mkdocs build --strict
 
 # What make test runs: the same strict build, into a temporary folder, with
 # no install (make test's deps installs the docs extra).
 docs-check:
 	@site=$$(mktemp -d) && trap 'rm -rf "$$site"' EXIT && \
-	$(PYTHON) -m mkdocs build --strict --quiet --site-dir "$$site" && echo "docs-check: the site builds (strict)"
+	NO_MKDOCS_2_WARNING=1 $(PYTHON) -m mkdocs build --strict --quiet --site-dir "$$site" && echo "docs-check: the site builds (strict)"
 
 # The environment is built once per requirements file, interpreter and torch,
 # under $$KVPOOL_COMPAT_CACHE (default ~/.cache/kvpool); every package goes in
