@@ -43,6 +43,6 @@ def convert(text: str) -> str:
 class SphinxRolesToMarkdown(griffe.Extension):
     """Rewrite every loaded object's docstring with :func:`convert`."""
 
-    def on_instance(self, *, obj: griffe.Object, **kwargs: Any) -> None:  # noqa: ARG002
+    def on_instance(self, *, obj: griffe.Object, **kwargs: Any) -> None:
         if obj.docstring is not None:
             obj.docstring.value = convert(obj.docstring.value)

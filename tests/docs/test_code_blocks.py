@@ -1,4 +1,4 @@
-"""Every code block of the README and docs/ runs, or says why not (see ``doc_blocks.py`` for the marks).
+"""Every code block of the README and docs/ runs, or says why not (marks: ``doc_blocks.py``).
 
 The runnable python blocks of a page run in one child process, each in a
 fresh namespace as a script of its own (a ``continues`` block shares the
