@@ -18,8 +18,9 @@
   (``pip install 'kvpool[redis]'``).
 * :class:`RedisClusterStore` - a Redis or Valkey Cluster, keys routed by slot.
 * :class:`MooncakeStore` - a Mooncake Store (``pip install 'kvpool[mooncake]'``).
-* :class:`AsyncRedisStore`, :class:`AsyncFileStore` - the same stores for
-  asyncio code (:class:`AsyncRemoteStore`): coroutines, the same bytes
+* :class:`AsyncRedisStore`, :class:`AsyncRedisClusterStore`,
+  :class:`AsyncMooncakeStore`, :class:`AsyncFileStore` - the same stores
+  for asyncio code (:class:`AsyncRemoteStore`): coroutines, the same bytes
   path, cancellation that frees what a call allocated.
 * :func:`open_store` / :func:`open_async_store` - a store from a string,
   for command lines.
@@ -57,11 +58,13 @@ from kvpool.errors import (
 )
 from kvpool.remote.aiobase import AsyncRemoteStore
 from kvpool.remote.base import MAX_KEY_BYTES, Key, RemoteStore
+from kvpool.remote.cluster.aio import AsyncRedisClusterStore
 from kvpool.remote.cluster.nodes import SCHEMES as _CLUSTER_SCHEMES
 from kvpool.remote.cluster.store import RedisClusterStore
 from kvpool.remote.file.aio import AsyncFileStore
 from kvpool.remote.file.store import FileStore
 from kvpool.remote.header import EntryInfo
+from kvpool.remote.mooncake.aio import AsyncMooncakeStore
 from kvpool.remote.mooncake.store import MooncakeStore
 from kvpool.remote.redis.aio import AsyncRedisStore
 from kvpool.remote.redis.config import redact_url
@@ -70,6 +73,8 @@ from kvpool.remote.redis.store import RedisStore
 __all__ = [
     "MAX_KEY_BYTES",
     "AsyncFileStore",
+    "AsyncMooncakeStore",
+    "AsyncRedisClusterStore",
     "AsyncRedisStore",
     "AsyncRemoteStore",
     "CorruptEntryError",
@@ -182,23 +187,40 @@ def open_store(spec: str | os.PathLike[str], **options: Any) -> RemoteStore:
 
 
 def open_async_store(spec: str | os.PathLike[str], **options: Any) -> AsyncRemoteStore:
-    """:func:`open_store` for asyncio code: an :class:`AsyncFileStore` or :class:`AsyncRedisStore`.
+    """:func:`open_store` for asyncio code: the asyncio store of the same spec.
 
-    Nothing is connected until the first call (``await store.ping()``
-    checks a Redis server).
+    Args:
+        spec: as for :func:`open_store`:
+
+            * a directory or ``file:///abs/path`` -> :class:`AsyncFileStore`
+              (``threads=`` besides FileStore's options);
+            * ``redis://...``, ``rediss://...``, ``unix:///...``,
+              ``valkey://...`` -> :class:`AsyncRedisStore`;
+            * ``redis-cluster://[user:password@]h1:p1,h2:p2[?options]``
+              (``rediss-cluster://``, ``valkey-cluster://``) ->
+              :class:`AsyncRedisClusterStore`;
+            * ``mooncake://MASTER:PORT?metadata=URL&protocol=tcp&...`` ->
+              :class:`AsyncMooncakeStore` (the query takes MooncakeStore's
+              options, e.g. ``headerless=1``; ``threads=`` besides).
+        **options: keyword arguments for the store's constructor, as the
+            blocking store of that spec takes them.
+
+    Nothing is connected until the first call for the file and Redis
+    stores (``await store.ping()`` checks a server or cluster); a Mooncake
+    store sets up its client here (the master must answer), as
+    :class:`MooncakeStore` does.
 
     Raises:
-        InvalidArgumentError: a ``redis-cluster://`` or ``mooncake://``
-            spec (no asyncio store for them yet).
-
-    Otherwise it raises what :func:`open_store` raises (without the
-    connection errors).
+        InvalidArgumentError: as :func:`open_store`.
+        ArgumentTypeError: an option the chosen store does not take.
+        FeatureUnavailableError: the client of the chosen store is missing.
+        StoreConnectionError: (``mooncake://`` only) the master cannot be reached.
     """
     kind, where = _parse(spec)
     if kind == "file":
         return _open(AsyncFileStore, "AsyncFileStore", where, options)  # type: ignore[no-any-return]
-    if kind != "redis":
-        raise InvalidArgumentError(
-            f"no asyncio store for {kind} specs yet; use open_store({redact_url(where)!r})"
-        )
+    if kind == "redis-cluster":
+        return _open(AsyncRedisClusterStore, "AsyncRedisClusterStore", where, options)  # type: ignore[no-any-return]
+    if kind == "mooncake":
+        return _open(AsyncMooncakeStore.from_url, "AsyncMooncakeStore", where, options)  # type: ignore[no-any-return]
     return _open(AsyncRedisStore, "AsyncRedisStore", where, options)  # type: ignore[no-any-return]

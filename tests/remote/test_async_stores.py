@@ -22,6 +22,8 @@ import kvpool
 from kvpool.errors import InvalidArgumentError, PoolClosedError, StoreTimeoutError
 from kvpool.remote import (
     AsyncFileStore,
+    AsyncMooncakeStore,
+    AsyncRedisClusterStore,
     AsyncRedisStore,
     AsyncRemoteStore,
     open_async_store,
@@ -47,6 +49,8 @@ def run(coro: Awaitable[Any], seconds: float = 30.0) -> Any:
         "file",
         pytest.param("redis", marks=pytest.mark.redis),
         pytest.param("valkey", marks=pytest.mark.redis),
+        pytest.param("cluster", marks=pytest.mark.redis),
+        pytest.param("mooncake", marks=pytest.mark.mooncake),
     ]
 )
 def make_store(
@@ -59,6 +63,25 @@ def make_store(
         def make(**options: Any) -> AsyncRemoteStore:
             options.pop("max_connections", None)
             made.append(AsyncFileStore(tmp_path / "store", **options))
+            return made[-1]
+
+    elif request.param == "cluster":
+        cluster = request.getfixturevalue("redis_cluster")
+        prefix = f"a-{uuid.uuid4().hex[:12]}:"
+
+        def make(**options: Any) -> AsyncRemoteStore:
+            made.append(AsyncRedisClusterStore(cluster.url, prefix=prefix, **options))
+            return made[-1]
+
+    elif request.param == "mooncake":
+        client = request.getfixturevalue("mooncake_client")  # the session's Mooncake client
+        prefix = f"a-{uuid.uuid4().hex[:12]}:"
+
+        def make(**options: Any) -> AsyncRemoteStore:
+            threads = options.pop("max_connections", 4)  # calls at once: its threads
+            made.append(
+                AsyncMooncakeStore(client=client, prefix=prefix, threads=threads, **options)
+            )
             return made[-1]
 
     else:

@@ -194,6 +194,7 @@ class ClusterNodes:
         self.map_error = map_error
         self._pool_class = pool_class
         self._pools: dict[Address, Any] = {}
+        self._closed = False
         self._lock = threading.Lock()
         self._refresh_lock = threading.Lock()
         self._map: SlotMap | None = None
@@ -216,6 +217,8 @@ class ClusterNodes:
                     self._limits,
                 )
                 pool = self._pools[address] = self._pool_class(connect, target.label, self._max)
+                if self._closed:  # a redirect after close: its pool refuses, nothing stays open
+                    pool.close()
             return pool
 
     def has_map(self) -> bool:
@@ -285,6 +288,7 @@ class ClusterNodes:
     def close(self) -> None:
         """Close every node's idle connections."""
         with self._lock:
+            self._closed = True
             pools = list(self._pools.values())
         for pool in pools:
             pool.close()
