@@ -83,12 +83,14 @@ class AsyncRedisClusterStore(AsyncRemoteStore, ClusterCommon):
             (``rediss-cluster://`` for TLS), a list of ``"host:port"`` or
             ``(host, port)``, or a ``redis.cluster.RedisCluster`` (its nodes
             and connection options are used).
-        prefix, checksum, ttl, window, limits: as for ``RedisClusterStore``.
         timeout: seconds one call may take in all (waiting for and opening
             connections, a map refresh and redirects included).
         connect_timeout: longest wait for one connection (default: ``timeout``).
         max_connections: connections open at once per node (None: no
             limit); a call waits for a free one until its deadline.
+
+    ``prefix``, ``checksum``, ``ttl``, ``window`` and ``limits`` are as for
+    ``RedisClusterStore``.
 
     Nothing is sent until the first call (``await store.ping()`` reads the
     slot map, so an unreachable cluster fails there).  Calls may run
@@ -155,8 +157,7 @@ class AsyncRedisClusterStore(AsyncRemoteStore, ClusterCommon):
     async def refresh(self) -> None:
         """Read the slot map again now (normally done when the cluster says it changed).
 
-        Raises:
-            As :meth:`ping`.
+        It raises what :meth:`ping` raises.
         """
         self._check_open()
         await self._refresh(now() + self.timeout)
@@ -322,8 +323,7 @@ class AsyncRedisClusterStore(AsyncRemoteStore, ClusterCommon):
     ) -> None:
         """Store each object: grouped per master, the masters' groups pipelined side by side.
 
-        Raises:
-            As :meth:`RedisClusterStore.batched_put`.
+        It raises what :meth:`RedisClusterStore.batched_put` raises.
         """
         check_pairs(keys, memory_objs)
         kbs = key_list(keys)
@@ -364,9 +364,8 @@ class AsyncRedisClusterStore(AsyncRemoteStore, ClusterCommon):
     ) -> list[MemoryObj | None]:
         """``get`` of each key: grouped per master, the masters' groups pipelined side by side.
 
-        Raises:
-            As :meth:`RedisClusterStore.batched_get`; every object this call
-            allocated is freed first (also when it is cancelled).
+        It raises what :meth:`RedisClusterStore.batched_get` raises; every object this call
+        allocated is freed first (also when it is cancelled).
         """
         kbs = key_list(keys)
         self._check_open()
