@@ -113,7 +113,8 @@ class AsyncMooncakeStore(AsyncRemoteStore):
 
         Raises:
             InvalidArgumentError: a malformed URL, an option given twice, a bad ``threads``.
-            As the constructor.
+
+        Otherwise it raises what the constructor raises.
         """
         check_int("threads", threads, low=1, high=256)
         self = cls.__new__(cls)
