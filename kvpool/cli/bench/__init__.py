@@ -18,6 +18,7 @@ put_get            ``byte_array`` to a /dev/shm file and back  ``np.copyto`` (me
 remote_put_get     optional: the remote stores' benchmark      (its own)
 cluster_put_get    optional: RedisClusterStore, 3 masters      RedisStore, one server
 mooncake_put_get   optional: MooncakeStore batched put/get     raw Mooncake batch calls
+lmcache_remote     optional: LMCache round trip via plugin     LMCache's own connectors
 =================  ==========================================  ==========================
 
 Every benchmark lives in this package, so that ``kvpool bench`` works after
@@ -129,6 +130,11 @@ OPTIONAL: dict[str, OptionalSource] = {
     "mooncake_put_get": OptionalSource(
         "MooncakeStore vs raw Mooncake calls on the same registered memory",
         modules=("kvpool.cli.bench.mooncake_put_get",),
+    ),
+    # Needs LMCache (the compat venv); starts the servers it measures on.
+    "lmcache_remote": OptionalSource(
+        "LMCache StorageManager round trip: kvpool's remote plugin vs LMCache's connectors",
+        modules=("kvpool.cli.bench.lmcache_remote",),
     ),
 }
 

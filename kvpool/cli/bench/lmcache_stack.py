@@ -1,0 +1,164 @@
+"""The servers of the ``lmcache_remote`` benchmark: started per store kind, emptied between rounds.
+
+:class:`Stack` starts, on loopback, what the chosen stores need
+(:mod:`kvpool.cli.bench.localservers`): one ``redis-server`` (``redis``:
+LMCache's ``redis://`` and ``resp://`` and kvpool's ``redis://`` all talk
+to it), a three-master Redis Cluster (``cluster``), a folder on /dev/shm
+(``file``), a Mooncake master with one storage node (``mooncake``, TCP).
+A kind whose server cannot start here is left out with the reason
+(:attr:`Stack.missing`); the rest still run.
+
+:meth:`Stack.wipe` empties a kind's server after every round, untimed, so
+that every round writes into the same empty store: ``FLUSHALL`` (the
+plain server, every cluster master), every file under the folder (folders
+stay), Mooncake's ``remove_all(force=True)`` through a client of its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from kvpool.cli.bench.lmcache_configs import STORES, Endpoints
+
+__all__ = ["MOONCAKE_ENV", "Stack"]
+
+#: Environment of every Mooncake client of the run (the parent's and the children's).
+MOONCAKE_ENV = {"MC_TCP_BIND_ADDRESS": "127.0.0.1", "MC_LOG_LEVEL": "ERROR"}
+
+
+class Stack:
+    """The servers of one run; close it (or use ``with``) to stop them all."""
+
+    def __init__(self, stores: list[str], round_bytes: int) -> None:
+        """Start the servers of ``stores`` (names of :data:`STORES`).
+
+        Args:
+            stores: the kinds to start.
+            round_bytes: bytes one contender's round stores (sizes the
+                Mooncake segment: rounds are wiped, so four rounds' worth
+                is plenty).
+        """
+        unknown = [s for s in stores if s not in STORES]
+        if unknown:
+            raise ValueError(f"unknown store kind(s) {unknown}; choose from {', '.join(STORES)}")
+        self.missing: dict[str, str] = {}
+        self.where: dict[str, str] = {}
+        self._redis: Any = None
+        self._cluster: Any = None
+        self._folder: str | None = None
+        self._mooncake: Any = None
+        self._wiper: Any = None
+        at: dict[str, str | None] = {}
+        try:
+            for kind in stores:
+                try:
+                    getattr(self, f"_start_{kind}")(at, round_bytes)
+                except (RuntimeError, OSError, ImportError) as exc:
+                    self.missing[kind] = f"{type(exc).__name__}: {exc}"
+        except BaseException:
+            self.close()
+            raise
+        self.endpoints = Endpoints(**at)
+
+    @property
+    def stores(self) -> list[str]:
+        """The kinds that started."""
+        return [k for k in STORES if k in self.where]
+
+    def _start_redis(self, at: dict[str, str | None], round_bytes: int) -> None:
+        from kvpool.cli.bench.localservers import start_redis
+
+        server = shutil.which("redis-server") or shutil.which("valkey-server")
+        if server is None:
+            raise RuntimeError("no redis-server or valkey-server on PATH")
+        self._redis = start_redis(server)
+        at["redis"] = f"127.0.0.1:{self._redis.port}"
+        self.where["redis"] = f"redis-server on {at['redis']}"
+
+    def _start_cluster(self, at: dict[str, str | None], round_bytes: int) -> None:
+        from kvpool.cli.bench.localservers import start_cluster
+
+        server = shutil.which("redis-server") or shutil.which("valkey-server")
+        cli = shutil.which("redis-cli") or shutil.which("valkey-cli")
+        if server is None or cli is None:
+            raise RuntimeError("no redis-server/redis-cli on PATH")
+        self._cluster = start_cluster(server, cli)
+        at["cluster"] = ",".join(f"127.0.0.1:{p}" for p in self._cluster.ports)
+        self.where["cluster"] = f"3 cluster masters on {at['cluster']}"
+
+    def _start_file(self, at: dict[str, str | None], round_bytes: int) -> None:
+        base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+        self._folder = tempfile.mkdtemp(prefix="kvpool-bench-lmcache-", dir=base)
+        for sub in ("kvpool-file", "lmcache-fs"):
+            os.mkdir(os.path.join(self._folder, sub))
+        at["directory"] = self._folder
+        self.where["file"] = f"folders under {self._folder}"
+
+    def _start_mooncake(self, at: dict[str, str | None], round_bytes: int) -> None:
+        from kvpool.cli.bench.localservers import start_mooncake
+        from kvpool.remote import MooncakeStore
+
+        spec = importlib.util.find_spec("mooncake")
+        if spec is None or not spec.submodule_search_locations:
+            raise ImportError("Mooncake is not installed (pip install 'kvpool[mooncake]')")
+        folder = Path(next(iter(spec.submodule_search_locations)))
+        if not (folder / "mooncake_master").exists():
+            raise RuntimeError(f"no mooncake_master in {folder}")
+        for name, value in MOONCAKE_ENV.items():
+            os.environ.setdefault(name, value)
+        segment_mb = max(256, 4 * round_bytes >> 20)
+        # A short lease: an entry just read can be removed by the wipe at once.
+        self._mooncake = start_mooncake(folder, f"{segment_mb} MB", lease_ms=500)
+        at["mooncake_master"] = self._mooncake.master
+        at["mooncake_metadata"] = self._mooncake.metadata
+        self._wiper = MooncakeStore(self._mooncake.master, metadata=self._mooncake.metadata)
+        self.where["mooncake"] = (
+            f"mooncake_master on {self._mooncake.master}, one {segment_mb} MB storage node, TCP"
+        )
+
+    def wipe(self, kind: str) -> None:
+        """Empty the server of ``kind`` (see the module notes).
+
+        Raises:
+            RuntimeError: the server refused (the round's figures would then
+                be measured on a store that is not empty).
+        """
+        if kind == "redis":
+            self._redis.flush()
+        elif kind == "cluster":
+            self._cluster.flush()
+        elif kind == "file":
+            for root, _dirs, files in os.walk(self._folder or ""):
+                for name in files:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(os.path.join(root, name))
+        elif kind == "mooncake":
+            left = self._wiper.client.remove_all(True)
+            if left < 0:
+                raise RuntimeError(f"Mooncake's remove_all failed with {left}")
+
+    def close(self) -> None:
+        """Stop every server and remove the folder (idempotent)."""
+        if self._wiper is not None:
+            with contextlib.suppress(Exception):
+                self._wiper.close()
+            self._wiper = None
+        for server in (self._mooncake, self._cluster, self._redis):
+            if server is not None:
+                server.stop()
+        self._mooncake = self._cluster = self._redis = None
+        if self._folder is not None:
+            shutil.rmtree(self._folder, ignore_errors=True)
+            self._folder = None
+
+    def __enter__(self) -> Stack:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
