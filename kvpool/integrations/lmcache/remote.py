@@ -1,0 +1,160 @@
+"""LMCache remote storage plugin: kvpool's stores behind LMCache's ``RemoteBackend``.
+
+Configuration (LMCache 0.5.6's plugin framework; no ``remote_url``)::
+
+    remote_serde: "naive"
+    remote_storage_plugins: ["kvpool"]          # instances too: ["kvpool.hot", "kvpool.cold"]
+    extra_config:
+      remote_storage_plugin.kvpool.module_path: kvpool.integrations.lmcache.remote
+      remote_storage_plugin.kvpool.class_name: KVPoolConnectorAdapter
+      remote_storage_plugin.kvpool.url: "redis://127.0.0.1:6379/0"
+
+LMCache then builds the backend ``RemoteBackend-kvpool`` (one per instance,
+``RemoteBackend-kvpool.hot``...), whose connector this adapter makes for the
+URL ``plugin://kvpool`` (``plugin://kvpool.<instance>``).
+
+Settings, under ``remote_storage_plugin.<instance>.`` in ``extra_config``:
+
+* ``url`` (required): the store, any spec
+  :func:`kvpool.remote.open_async_store` takes - ``redis://[user:pass@]host:port/db``,
+  ``rediss://...``, ``unix:///socket``, ``valkey://...``,
+  ``redis-cluster://h1:p1,h2:p2``, ``mooncake://master:port?metadata=...``,
+  ``file:///dir`` or a directory path (``/dev/shm/lmc`` keeps it in memory).
+* Any keyword of that store's constructor, e.g. for Redis ``timeout``
+  (seconds per call, 5.0), ``connect_timeout``, ``ttl`` (seconds, None),
+  ``window`` (pipelined commands in flight), ``checksum`` (CRC-32 of each
+  chunk, False), ``prefix`` (``"kvpool:"``), ``max_connections``; for files
+  ``checksum``, ``durable``, ``threads``, ``reuse_files``...  The accepted
+  names are the store's own signature: a misspelt one is refused with the
+  closest name and the full list.
+
+A missing URL, an unknown option or a refused value raises
+:class:`PluginConfigError` while LMCache starts; LMCache logs it (an ERROR
+line ``Failed to create remote backend for plugin kvpool: ...``) and runs
+without that backend.
+
+Seeing that it worked: at start-up the plugin logs one INFO line through
+LMCache's logging (shown at ``LMCACHE_LOG_LEVEL=INFO``, the default)::
+
+    kvpool plugin 'kvpool': AsyncRedisStore at redis://127.0.0.1:6379/0
+        (LMCache backend RemoteBackend-kvpool)
+
+Passwords in the URL are shown as ``***``.  In code:
+``storage_manager.storage_backends["RemoteBackend-kvpool"].connection``
+wraps a :class:`KVPoolConnector` (``.getWrappedConnector()``).  If
+neither appears, LMCache did not load the plugin: look for its ERROR line
+``Failed to load remote connector kvpool`` (a wrong ``module_path`` or
+``class_name``) - LMCache then stores nothing remotely.
+
+Behaviour (see :mod:`~kvpool.integrations.lmcache.remote_connector`):
+keys are ``CacheEngineKey.to_string()``; chunks are read into memory of
+LMCache's ``LocalCPUBackend`` (kvpool's when
+:func:`kvpool.integrations.lmcache.install` ran) with no copy beyond the
+store's own; a get never overtakes a put of the same key; a miss, an
+unreachable server or a corrupt entry is a miss for LMCache; ``close()``
+is bounded.  ``list()`` is not supported.  Metrics: LMCache's
+``InstrumentedRemoteConnector`` reports the bytes and times to LMCache's
+stats monitor; the connector's ``counters`` are exported by
+:mod:`kvpool.metrics` (which this plugin installs in
+``prometheus_client``'s default registry, the one LMCache uses).
+
+Importing this module needs LMCache; ``import kvpool`` never does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lmcache.v1.storage_backend.connector import ConnectorAdapter, ConnectorContext
+
+from kvpool.errors import KVPoolError
+from kvpool.integrations.lmcache.remote_config import (
+    PLUGIN_TYPE,
+    PluginConfigError,
+    PluginSettings,
+    instance_of,
+    read_settings,
+    refusal,
+)
+from kvpool.integrations.lmcache.remote_connector import KVPoolConnector
+from kvpool.integrations.lmcache.remote_report import plugin_logger
+from kvpool.remote import open_async_store
+
+__all__ = [
+    "PLUGIN_TYPE",
+    "KVPoolConnector",
+    "KVPoolConnectorAdapter",
+    "PluginConfigError",
+    "PluginSettings",
+]
+
+
+class KVPoolConnectorAdapter(ConnectorAdapter):
+    """LMCache's adapter for ``plugin://kvpool`` and ``plugin://kvpool.<instance>``.
+
+    LMCache makes one with no arguments (``class_name`` in its config) and
+    asks it for the connector of each ``RemoteBackend-<instance>``.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(f"plugin://{PLUGIN_TYPE}")
+
+    def can_parse(self, url: str) -> bool:
+        """True for ``plugin://kvpool`` and ``plugin://kvpool.<instance>``."""
+        return instance_of(url) is not None
+
+    def create_connector(self, context: ConnectorContext) -> KVPoolConnector:
+        """The connector of one plugin instance, over a new asyncio store.
+
+        Args:
+            context: LMCache's connector context (URL, loop, local CPU
+                backend, config, metadata, plugin name).
+
+        Returns:
+            The connector (LMCache wraps it in its ``InstrumentedRemoteConnector``).
+
+        Raises:
+            PluginConfigError: no ``url``, an unknown option, a store that
+                refuses its settings (the message names the config key).
+        """
+        instance = context.plugin_name or instance_of(context.url)
+        if instance is None or instance_of(f"plugin://{instance}") is None:
+            raise PluginConfigError(
+                f"the kvpool plugin was asked for {context.url!r}; it serves "
+                f"plugin://{PLUGIN_TYPE} and plugin://{PLUGIN_TYPE}.<instance>"
+            )
+        extra = context.config.extra_config if context.config is not None else None
+        settings = read_settings(extra, instance)
+        try:
+            store = open_async_store(settings.url, **settings.options)
+        except (KVPoolError, TypeError, ValueError) as exc:
+            raise refusal(settings, exc) from None
+        metadata = context.metadata
+        if metadata is None:
+            metadata = getattr(context.local_cpu_backend, "metadata", None)
+        try:
+            connector = KVPoolConnector(
+                store, settings, context.loop, context.local_cpu_backend, context.config, metadata
+            )
+        except BaseException:
+            store.close()
+            raise
+        _export_metrics(connector)
+        plugin_logger().info(
+            "kvpool plugin %r: %s at %s (LMCache backend RemoteBackend-%s)",
+            instance,
+            type(store).__name__,
+            settings.describe(),
+            instance,
+        )
+        return connector
+
+
+def _export_metrics(connector: Any) -> None:
+    """Put kvpool's metrics (the connector's counters included) in LMCache's Prometheus registry."""
+    try:
+        import kvpool.metrics
+    except ImportError:  # prometheus_client missing: LMCache has none to show either
+        return
+    kvpool.metrics.install()
+    kvpool.metrics.watch(connector)

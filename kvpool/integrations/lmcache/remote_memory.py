@@ -1,0 +1,149 @@
+"""LMCache's memory and kvpool's stores: the allocator gets read into, the objects puts send.
+
+Two memory modes, one connector:
+
+* **kvpool memory** (:func:`kvpool.integrations.lmcache.install` ran):
+  LMCache's ``LocalCPUBackend`` allocates kvpool objects, which the stores
+  send and fill directly (their zero-copy paths).
+* **LMCache's own memory**: its objects are not kvpool's.  A ``get``
+  still reads straight into them (the stores fill any object whose
+  ``byte_array`` is a writable host buffer of the right size); a ``put``
+  sends a kvpool object built over the *same* bytes (:func:`sendable`,
+  no copy), since the stores record a kvpool header and hold kvpool
+  references.  :class:`MemoryFormat` members are translated by value.
+
+Either way the only copy is the one a store makes into or out of the
+object, as LMCache's own connectors make at least one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from lmcache.v1.memory_management import MemoryFormat as LMCacheFormat
+
+from kvpool.errors import InvalidArgumentError
+from kvpool.formats import MemoryFormat
+from kvpool.pool.handle import TensorMemoryObj
+from kvpool.pool.metadata import MemoryObjMetadata
+from kvpool.pool.objects import MemoryObj
+
+__all__ = ["BackendAllocator", "fits", "kvpool_format", "sendable", "unsend"]
+
+#: True when LMCache's formats are kvpool's (install() ran before LMCache's import).
+SAME_FORMATS = LMCacheFormat is MemoryFormat
+
+
+def kvpool_format(fmt: Any) -> MemoryFormat:
+    """``fmt`` (an LMCache or kvpool member) as kvpool's :class:`MemoryFormat`."""
+    if fmt.__class__ is MemoryFormat:
+        return fmt  # type: ignore[no-any-return]
+    return MemoryFormat(fmt.value)
+
+
+class BackendAllocator:
+    """The allocator the stores read into: LMCache's local CPU backend, without its busy wait.
+
+    ``LocalCPUBackend.allocate`` evicts from LMCache's hot cache when full
+    and, by default, then sleeps and retries until memory frees up.  On
+    the event loop that sleep would stall every call in flight - the puts
+    whose completion frees the memory included - so this asks with
+    ``busy_loop=False``: a full cache is an allocation that fails (the
+    store raises ``OutOfMemoryError``, which the connector turns into a
+    miss).
+
+    Args:
+        backend: LMCache's ``LocalCPUBackend`` (the connector context's).
+    """
+
+    __slots__ = ("_allocate",)
+
+    def __init__(self, backend: Any) -> None:
+        self._allocate = backend.allocate
+
+    def allocate(
+        self,
+        shapes: torch.Size | Sequence[torch.Size],
+        dtypes: torch.dtype | Sequence[torch.dtype],
+        fmt: MemoryFormat | None = None,
+    ) -> Any:
+        """A new object of LMCache's backend, or None when its cache is full.
+
+        Complexity: one ``LocalCPUBackend.allocate`` (eviction included).
+        """
+        if fmt is not None and not SAME_FORMATS:
+            fmt = LMCacheFormat(fmt.value)
+        return self._allocate(shapes, dtypes, fmt, eviction=True, busy_loop=False)
+
+
+def sendable(obj: Any) -> MemoryObj:
+    """``obj`` as a kvpool object a store can put: itself, or a kvpool view of its bytes.
+
+    The view is a hand-built :class:`~kvpool.TensorMemoryObj` over the same
+    memory (no copy) with the object's shapes, dtypes and format; it owns
+    nothing (no allocator is called when it ends).  End it with
+    :func:`unsend` once the put returned; the caller keeps its reference on
+    ``obj`` for that long, so the memory stays allocated.
+
+    Raises:
+        InvalidArgumentError: ``obj`` has no host tensor of its bytes (e.g.
+            a byte-buffer object of a compressing serde).
+    """
+    if isinstance(obj, MemoryObj):
+        return obj
+    raw = getattr(obj, "raw_data", None)
+    if not isinstance(raw, torch.Tensor) or raw.device.type != "cpu":
+        raise InvalidArgumentError(
+            f"cannot store {type(obj).__name__}: the kvpool plugin stores host tensor objects "
+            "(use remote_serde: naive)"
+        )
+    shapes, dtypes = list(obj.get_shapes()), list(obj.get_dtypes())
+    meta = obj.meta
+    nbytes = obj.get_size()
+    flat = raw.reshape(-1)
+    if flat.dtype != torch.uint8:
+        flat = flat.view(torch.uint8)
+    record = MemoryObjMetadata(
+        shape=meta.shape,
+        dtype=meta.dtype,
+        address=0,
+        phy_size=nbytes,
+        ref_count=1,
+        fmt=kvpool_format(meta.fmt),
+        shapes=shapes,
+        dtypes=dtypes,
+    )
+    return TensorMemoryObj(flat[:nbytes], record, None)
+
+
+def unsend(original: Any, sent: MemoryObj) -> None:
+    """End the view :func:`sendable` made (nothing when it returned ``original`` itself)."""
+    if sent is not original and sent.is_valid():
+        sent.ref_count_down()
+
+
+def fits(obj: Any, shapes: Sequence[torch.Size], dtypes: Sequence[torch.dtype], fmt: Any) -> bool:
+    """True when ``obj`` is a chunk of the engine's layout, possibly a partial (last) one.
+
+    LMCache's rule for a partial chunk (``reshape_partial_chunk``): the same
+    shapes as a full chunk except fewer tokens (dimension 2 of a 4-D
+    ``[kv, layers, tokens, hidden]`` shape, dimension 0 of a layerwise
+    one), at least one.  Dtypes and format must be the engine's.
+
+    Complexity: O(groups x dimensions).
+    """
+    got_shapes = obj.get_shapes()
+    if len(got_shapes) != len(shapes) or list(obj.get_dtypes()) != list(dtypes):
+        return False
+    if kvpool_format(obj.get_memory_format()) is not kvpool_format(fmt):
+        return False
+    for got, full in zip(got_shapes, shapes, strict=True):
+        if len(got) != len(full):
+            return False
+        axis = 2 if len(full) == 4 else 0
+        for i, (g, f) in enumerate(zip(got, full, strict=True)):
+            if g != f and not (i == axis and 0 < g < f):
+                return False
+    return True
