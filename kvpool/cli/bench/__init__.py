@@ -18,6 +18,7 @@ put_get            ``byte_array`` to a /dev/shm file and back  ``np.copyto`` (me
 remote_put_get     optional: the remote stores' benchmark      (its own)
 cluster_put_get    optional: RedisClusterStore, 3 masters      RedisStore, one server
 mooncake_put_get   optional: MooncakeStore batched put/get     raw Mooncake batch calls
+async_put_get      optional: asyncio cluster/Mooncake stores   their blocking stores
 lmcache_remote     optional: LMCache round trip via plugin     LMCache's own connectors
 =================  ==========================================  ==========================
 
@@ -130,6 +131,10 @@ OPTIONAL: dict[str, OptionalSource] = {
     "mooncake_put_get": OptionalSource(
         "MooncakeStore vs raw Mooncake calls on the same registered memory",
         modules=("kvpool.cli.bench.mooncake_put_get",),
+    ),
+    "async_put_get": OptionalSource(
+        "AsyncRedisClusterStore / AsyncMooncakeStore vs their blocking stores, same servers",
+        modules=("kvpool.cli.bench.async_put_get",),
     ),
     # Needs LMCache (the compat venv); starts the servers it measures on.
     "lmcache_remote": OptionalSource(

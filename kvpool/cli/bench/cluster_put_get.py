@@ -28,7 +28,7 @@ import torch
 from kvpool.cli.bench.core import Benchmark, Case, Metric, MiB, Settings, SkipBenchmark
 from kvpool.formats import MemoryFormat
 
-__all__ = ["CLUSTER_PUT_GET", "kvpool_benchmark"]
+__all__ = ["CLUSTER_PUT_GET", "cluster_binaries", "kvpool_benchmark"]
 
 _SHAPE = torch.Size([2, 16, 64, 128])  # 512 KiB of bfloat16
 _DTYPE = torch.bfloat16
@@ -37,7 +37,8 @@ _CHUNKS = 64
 _FMT = MemoryFormat.KV_2LTD
 
 
-def _binaries() -> tuple[str, str]:
+def cluster_binaries() -> tuple[str, str]:
+    """``(redis-server, redis-cli)`` (or the valkey ones), or SkipBenchmark saying what lacks."""
     server = shutil.which("redis-server") or shutil.which("valkey-server")
     cli = shutil.which("redis-cli") or shutil.which("valkey-cli")
     if server is None or cli is None:
@@ -52,7 +53,7 @@ def _setup(settings: Settings) -> Case:
     from kvpool.cli.bench.localservers import start_cluster, start_redis
     from kvpool.remote import RedisClusterStore, RedisStore
 
-    server, cli = _binaries()
+    server, cli = cluster_binaries()
     rounds = settings.count(8, minimum=2)
     per_round = _CHUNKS * _CHUNK
     cluster = start_cluster(server, cli)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,7 @@ import torch
 from kvpool.cli.bench.core import Benchmark, Case, Metric, MiB, Settings, SkipBenchmark
 from kvpool.formats import MemoryFormat
 
-__all__ = ["MOONCAKE_PUT_GET", "kvpool_benchmark"]
+__all__ = ["MOONCAKE_PUT_GET", "kvpool_benchmark", "mooncake_env", "mooncake_folder"]
 
 _SHAPE = torch.Size([2, 16, 64, 128])  # 512 KiB of bfloat16
 _DTYPE = torch.bfloat16
@@ -43,7 +44,8 @@ _CHUNKS = 64
 _FMT = MemoryFormat.KV_2LTD
 
 
-def _mooncake_folder() -> Path:
+def mooncake_folder() -> Path:
+    """The installed ``mooncake`` package folder (its binaries), or SkipBenchmark saying why not."""
     spec = importlib.util.find_spec("mooncake")
     if spec is None or not spec.submodule_search_locations:
         raise SkipBenchmark("Mooncake is not installed (pip install 'kvpool[mooncake]')")
@@ -57,16 +59,12 @@ def _mooncake_folder() -> Path:
     return folder
 
 
-def _setup(settings: Settings) -> Case:
-    from kvpool.allocators import MixedMemoryAllocator
-    from kvpool.cli.bench.localservers import start_mooncake
-    from kvpool.remote import MooncakeStore
+def mooncake_env() -> Callable[[], None]:
+    """Set the Mooncake client's environment for a run; returns what restores it.
 
-    folder = _mooncake_folder()
-    rounds = settings.count(8, minimum=2)
-    per_round = _CHUNKS * _CHUNK
-    # The client's environment for this run (restored in cleanup): loopback,
-    # and only Mooncake's errors on stderr, not its INFO lines.
+    Loopback (``MC_TCP_BIND_ADDRESS``), and only Mooncake's errors on
+    stderr, not its INFO lines (``MC_LOG_LEVEL``); values already set stay.
+    """
     saved = {name: os.environ.get(name) for name in ("MC_TCP_BIND_ADDRESS", "MC_LOG_LEVEL")}
     os.environ.setdefault("MC_TCP_BIND_ADDRESS", "127.0.0.1")
     os.environ.setdefault("MC_LOG_LEVEL", "ERROR")
@@ -78,6 +76,18 @@ def _setup(settings: Settings) -> Case:
             else:
                 os.environ[name] = value
 
+    return restore_env
+
+
+def _setup(settings: Settings) -> Case:
+    from kvpool.allocators import MixedMemoryAllocator
+    from kvpool.cli.bench.localservers import start_mooncake
+    from kvpool.remote import MooncakeStore
+
+    folder = mooncake_folder()
+    rounds = settings.count(8, minimum=2)
+    per_round = _CHUNKS * _CHUNK
+    restore_env = mooncake_env()  # restored in cleanup
     try:
         deployment = start_mooncake(folder, "1 GB")
     except BaseException:
