@@ -25,8 +25,8 @@ lmcache_remote     optional: LMCache round trip via plugin     LMCache's own con
 Every benchmark lives in this package, so that ``kvpool bench`` works after
 ``pip install kvpool``; the longer standalone runs are modules here too
 (``python -m kvpool.cli.bench.populate_variants``, ``.store_rounds``,
-``.soak``, ``.h2d_copy``).  The repository's ``bench/README.md`` keeps the
-measured tables.
+``.soak``, ``.h2d_copy``).  The repository's ``docs/benchmarks.md`` has the
+latest figures, ``docs/measurements.md`` the measured tables.
 
 Registry and plug-ins
 ---------------------
