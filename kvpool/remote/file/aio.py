@@ -15,7 +15,7 @@ file never returns "try again"), so each call of the underlying
 Both keep the blocking store's zero-copy ``writev`` and one-copy
 ``preadv``.  The cost of the thread hop is measured by ``kvpool bench
 --only remote_put_get`` (``async file get``, on the loop, next to the
-blocking get; the hop measured on /dev/shm: see ``bench/README.md``).
+blocking get; the hop measured on /dev/shm: see ``docs/measurements.md``).
 
 Cancellation: a call on the loop has no await inside, so it completes or
 never starts.  A call in a thread still finishes there (a file operation
