@@ -2,9 +2,11 @@
 
 ``slots`` maps keys to masters, ``nodes`` keeps a connection pool per
 node, ``route`` reads MOVED/ASK redirects, ``common`` holds the ops and
-the routing decisions both stores share, ``store`` is the blocking store.
+the routing decisions both stores share, ``store`` is the blocking store,
+``aio`` the asyncio one.
 """
 
+from kvpool.remote.cluster.aio import AsyncRedisClusterStore
 from kvpool.remote.cluster.store import RedisClusterStore
 
-__all__ = ["RedisClusterStore"]
+__all__ = ["AsyncRedisClusterStore", "RedisClusterStore"]
