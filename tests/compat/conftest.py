@@ -14,7 +14,10 @@ Fixtures:
   around every test (LMCache's singletons are process-wide);
 * ``redis_server`` - a real ``redis-server`` on a free loopback port,
   without persistence, for the session (skipped without the binary unless
-  ``KVPOOL_REQUIRE_REDIS=1``);
+  ``KVPOOL_REQUIRE_REDIS=1``); ``own_redis_server`` one for a single test
+  (:func:`start_redis_server` starts one, again on a given port);
+* ``redis_cluster`` / ``mooncake`` - tests/remote's real three-master Redis
+  Cluster and Mooncake master + storage node, for the session;
 * ``deadline`` - polls a condition with a liveness deadline (no sleeps as
   synchronization, no assertion on durations).
 """
@@ -206,18 +209,31 @@ class RedisServer:
         """Number of keys stored."""
         return int(self.command("DBSIZE").lstrip(b":"))
 
+    def stop(self) -> None:
+        """Terminate the server (idempotent)."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    self.proc.kill()
+                self.proc.wait(10)
 
-@pytest.fixture(scope="session")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    """A real redis-server on loopback, stopped after the session."""
+
+def start_redis_server(workdir: Path, port: int | None = None) -> RedisServer:
+    """Start a real redis-server on loopback (a free port unless given); it answers PING.
+
+    Skips without a binary (fails with ``KVPOOL_REQUIRE_REDIS=1``).  The
+    caller stops it (``stop()``); ``port`` restarts a killed one in place.
+    """
     binary = shutil.which("redis-server") or shutil.which("valkey-server")
     if binary is None:
         reason = "no redis-server or valkey-server on PATH (apt-get install redis-server)"
         if REQUIRE_REDIS:
             pytest.fail(f"KVPOOL_REQUIRE_REDIS is set but there is {reason}")
         pytest.skip(reason)
-    workdir = tmp_path_factory.mktemp("redis")
-    port = _free_port()
+    port = _free_port() if port is None else port
     proc = subprocess.Popen(
         [
             binary,
@@ -236,16 +252,61 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
         stderr=subprocess.DEVNULL,
     )
     server = RedisServer(proc, "127.0.0.1", port)
+    wait_until(lambda: server.ping() or proc.poll() is not None, "redis-server to start")
+    if proc.poll() is not None:
+        pytest.fail(f"redis-server exited with status {proc.returncode} at start")
+    return server
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A real redis-server on loopback, stopped after the session."""
+    server = start_redis_server(tmp_path_factory.mktemp("redis"))
     try:
-        wait_until(lambda: server.ping() or proc.poll() is not None, "redis-server to start")
-        if proc.poll() is not None:
-            pytest.fail(f"redis-server exited with status {proc.returncode} at start")
         yield server
     finally:
-        proc.terminate()
+        server.stop()
+
+
+@pytest.fixture
+def own_redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A redis-server for one test (which may kill or pause it)."""
+    server = start_redis_server(tmp_path)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+# -- Redis Cluster and Mooncake (tests/remote's servers) -----------------
+
+
+@pytest.fixture(scope="session")
+def redis_cluster():
+    """A real three-master Redis Cluster for the session (tests/remote's ``start_cluster``)."""
+    from remote.cluster_servers import start_cluster
+
+    cluster = start_cluster()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def mooncake():
+    """A real Mooncake master and storage node for the session (tests/remote's ``start_mooncake``).
+
+    Clients made in this process bind to loopback (``MC_TCP_BIND_ADDRESS``).
+    """
+    from remote.mooncake_servers import start_mooncake
+
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("MC_TCP_BIND_ADDRESS", "127.0.0.1")
+        if "MC_LOG_LEVEL" not in os.environ:
+            env.setenv("MC_LOG_LEVEL", "ERROR")
+        deployment = start_mooncake()
         try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            proc.wait(10)
+            yield deployment
+        finally:
+            deployment.stop()

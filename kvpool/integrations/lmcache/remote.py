@@ -67,7 +67,7 @@ from typing import Any
 
 from lmcache.v1.storage_backend.connector import ConnectorAdapter, ConnectorContext
 
-from kvpool.errors import KVPoolError
+from kvpool.errors import KVPoolError, RemoteStoreError
 from kvpool.integrations.lmcache.remote_config import (
     PLUGIN_TYPE,
     PluginConfigError,
@@ -115,7 +115,10 @@ class KVPoolConnectorAdapter(ConnectorAdapter):
 
         Raises:
             PluginConfigError: no ``url``, an unknown option, a store that
-                refuses its settings (the message names the config key).
+                refuses its settings (the message names the config key), a
+                headerless store with ``save_unfull_chunk``.
+            RemoteStoreError: (``mooncake://``) the master does not answer;
+                LMCache keeps the backend and its health check tries again.
         """
         instance = context.plugin_name or instance_of(context.url)
         if instance is None or instance_of(f"plugin://{instance}") is None:
@@ -127,8 +130,17 @@ class KVPoolConnectorAdapter(ConnectorAdapter):
         settings = read_settings(extra, instance)
         try:
             store = open_async_store(settings.url, **settings.options)
+        except RemoteStoreError:
+            raise  # a server that does not answer yet: LMCache retries later
         except (KVPoolError, TypeError, ValueError) as exc:
             raise refusal(settings, exc) from None
+        if getattr(store, "headerless", False) and getattr(context.config, "save_unfull_chunk", 0):
+            store.close()
+            raise PluginConfigError(
+                f"kvpool plugin {instance!r} ({settings.shown_url}): a headerless store keeps no "
+                "layout, so it cannot return LMCache's partial chunks; set save_unfull_chunk: "
+                "False (as LMCache's RESP connector requires) or drop headerless"
+            )
         metadata = context.metadata
         if metadata is None:
             metadata = getattr(context.local_cpu_backend, "metadata", None)
