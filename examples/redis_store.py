@@ -32,8 +32,7 @@ def main(url: str) -> None:
         free(back)
 
         print("deleted:", store.batched_delete(keys))
-        calls = {op: counts.calls for op, counts in store.counters.snapshot().items()}
-        print("calls counted:", calls)
+        print(store.counters)  # calls, entries, bytes and misses per operation
 
 
 if __name__ == "__main__":

@@ -71,6 +71,15 @@ def test_readme_quickstart_is_the_example() -> None:
     assert first.text == code
 
 
+def test_plugin_config_is_the_readmes_everywhere() -> None:
+    """Every page shows the LMCache plugin configuration the README shows (tests/compat runs it)."""
+    configs = [b for b in ALL if b.lang == "yaml" and "remote_storage_plugins" in b.text]
+    readme = [b for b in configs if b.path.name == "README.md"]
+    assert len(readme) == 1, "the README shows the plugin configuration once"
+    different = [b.where for b in configs if b.text != readme[0].text]
+    assert not different, f"plugin configurations that differ from the README's: {different}"
+
+
 def _runnable(path: Path) -> list[Block]:
     return [b for b in blocks(path) if b.lang == "python" and b.mark != "not run"]
 
