@@ -36,6 +36,8 @@ def test_async_put_get_runs_both_halves(tmp_path: Path) -> None:
     bench = report["benchmarks"]["async_put_get"]
     assert bench["info"]["verified"] is True
     assert "cleanup_errors" not in bench["info"]
+    assert sorted(bench["info"]["paired_ratio_median"]) == sorted(bench["metrics"])
+    assert all(r > 0 for r in bench["info"]["paired_ratio_median"].values())
     assert sorted(bench["metrics"]) == sorted(
         f"{store}_{op}" for store in ("cluster", "mooncake", "headerless") for op in ("put", "get")
     )

@@ -5,7 +5,9 @@ started on loopback (:mod:`kvpool.cli.bench.localservers`).  32 KV chunks
 of 2 MiB (``[2, 16, 256, 128]`` bfloat16, ``KV_2LTD``) live in
 :class:`kvpool.MixedMemoryAllocator` pools; a round is one
 ``batched_put`` of the 32 chunks and one ``batched_get`` of them into new
-objects (verified byte for byte, then freed).
+objects (verified byte for byte, then freed).  A trial is one round per
+store (``--scale`` multiplies the rounds), so ``--repeat N`` gives N
+rounds of each store, the two variants' rounds interleaved.
 
 * subject: the asyncio stores, awaited on one event loop -
   :class:`~kvpool.remote.AsyncRedisClusterStore` (one task per master on
@@ -15,7 +17,10 @@ objects (verified byte for byte, then freed).
   and :class:`~kvpool.remote.MooncakeStore`, on the same servers.
 
 So each ratio is the price (or gain) of the asyncio path for the same
-store and the same server.  Each Mooncake store has a pool of its own (a
+store and the same server.  Besides the table's ratios (best against
+best, median against median), ``info["paired_ratio_median"]`` is the
+median over trials of each trial's own ratio (its two rounds run back to
+back, so a burst of load on the machine hits both).  Each Mooncake store has a pool of its own (a
 pool is registered with one client once) and each kind its own client;
 Mooncake keys are new every round and removed after it (a Mooncake put
 keeps the first value of a key).  A missing server skips its half, with
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -69,7 +75,7 @@ def _setup(settings: Settings) -> Case:
     from kvpool.cli.bench.cluster_put_get import cluster_binaries
     from kvpool.cli.bench.mooncake_put_get import mooncake_env, mooncake_folder
 
-    rounds = settings.count(3, minimum=1)
+    rounds = settings.count(1, minimum=1)
     loop = asyncio.new_event_loop()
     undo: list[Callable[[], None]] = [loop.close]  # run in reverse by cleanup
     info: dict[str, Any] = {
@@ -80,7 +86,10 @@ def _setup(settings: Settings) -> Case:
     }
     sides: dict[str, dict[str, _Side]] = {"async": {}, "blocking": {}}
 
+    history: dict[str, list[dict[str, float]]] = {"async": [], "blocking": []}
+
     def cleanup() -> None:
+        _paired(history, info)
         while undo:
             step = undo.pop()
             try:
@@ -131,10 +140,12 @@ def _setup(settings: Settings) -> Case:
                     side.after(keys)
             out[f"{name}_put"] = rounds * _PER_ROUND / put_s / 1e9
             out[f"{name}_get"] = rounds * _PER_ROUND / get_s / 1e9
+        history[kind].append(out)
         return out
 
     for kind in sides:  # warm-up: connections, registrations, server memory
         trial(kind)
+        history[kind].clear()
     names = list(sides["async"])
     labels = {
         "cluster": "cluster (3 masters)",
@@ -156,6 +167,16 @@ def _setup(settings: Settings) -> Case:
         info=info,
         cleanup=cleanup,
     )
+
+
+def _paired(history: dict[str, list[dict[str, float]]], info: dict[str, Any]) -> None:
+    """``info["paired_ratio_median"]``: per metric, the median of the trials' own ratios."""
+    pairs = list(zip(history["async"], history["blocking"], strict=False))
+    if not pairs:
+        return
+    info["paired_ratio_median"] = {
+        key: round(statistics.median(a[key] / b[key] for a, b in pairs), 3) for key in pairs[0][0]
+    }
 
 
 def _payload(seed: int) -> list[bytes]:
