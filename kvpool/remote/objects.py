@@ -342,8 +342,9 @@ def destination(
             raise FeatureUnavailableError(
                 f"{where() if callable(where) else where}: {obj!r} has no byte view ({exc})"
             ) from None
-        if view.__class__ is not memoryview:
-            view = memoryview(view)
+        # A view of our own (a memoryview of a memoryview shares its buffer):
+        # discard may release it, and an object's byte_array may be cached.
+        view = memoryview(view)
         if view.format != "B" or view.ndim != 1:
             view = view.cast("B")
         if view.readonly or view.nbytes != layout.nbytes:
