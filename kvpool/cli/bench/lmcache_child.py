@@ -25,8 +25,14 @@ Commands and replies:
 * ``{"op": "round", "name": C, "tag": T}`` - one round of contender C:
   ``chunks`` KV chunks (bfloat16, KV_2LTD) allocated through the manager
   and filled (untimed), then timed: ``batched_put`` until the remote
-  backend's ``batched_contains`` counts every key (polled every 0.5 ms),
-  then ``batched_get_blocking`` from the remote backend.  The chunks read
+  backend's ``contains`` has found every key (asked key by key, each key
+  until it is there, 1 ms between two misses), then
+  ``batched_get_blocking`` from the remote backend.  (Not
+  ``batched_contains``: LMCache 0.5.6's ``RESPConnector`` answers it
+  through its client's sync path, which submits the request before it
+  registers the reply's future, from a thread that is not the loop's; a
+  reply the loop drains in between is dropped and the call never
+  returns - seen here within a few rounds.)  The chunks read
   back are compared byte for byte (untimed) and released, and the keys
   are dropped from the local CPU backend.  Reply ``{"put_s", "get_s",
   "missing", "wrong"}`` or ``{"error": why}``.
@@ -48,12 +54,16 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any, TextIO
+from collections.abc import Callable
+from typing import Any, TextIO, TypeVar
 
 __all__ = ["main"]
 
-#: Seconds between two ``batched_contains`` polls of a put.
-POLL_S = 0.0005
+T = TypeVar("T")
+
+#: Seconds between two ``batched_contains`` polls of a put (each poll takes the
+#: GIL and, for LMCache's connectors, a turn of the loop the put runs on).
+POLL_S = 0.001
 #: Exit status when LMCache cannot be imported.
 NO_LMCACHE = 3
 
@@ -133,7 +143,7 @@ class Contender:
         self.connector = type(_unwrap(self.remote.connection)).__name__
         # A first lookup, as LMCache's engine makes before it stores: the
         # client connects here rather than inside the first timed put.
-        self.remote.batched_contains(self._keys(-1))
+        _bounded(lambda: self.remote.contains(self._keys(-1)[0]), self.deadline_s)
 
     def _keys(self, tag: int) -> list[Any]:
         import torch
@@ -164,11 +174,13 @@ class Contender:
         self.manager.batched_put(keys, objs)  # takes over our references
         held = 0
         end = start + self.deadline_s
-        while True:
-            held = self.remote.batched_contains(keys)
-            if held == n or time.perf_counter() > end:
+        while held < n:
+            if self.remote.contains(keys[held]):
+                held += 1  # each key is confirmed once; the next poll asks for the next
+            elif time.perf_counter() > end:
                 break
-            time.sleep(POLL_S)
+            else:
+                time.sleep(POLL_S)
         put_done = time.perf_counter()
         if held != n:
             self.manager.batched_remove(keys, locations=["LocalCPUBackend"])
@@ -197,6 +209,31 @@ class Contender:
     def close_now(self) -> None:
         """Close the manager (may hang on LMCache's Redis connectors: call it in a thread)."""
         self.manager.close()
+
+
+def _bounded(work: Callable[[], T], seconds: float) -> T:
+    """``work()`` in a daemon thread, waited for at most ``seconds`` (then TimeoutError).
+
+    LMCache's backends wait for their connectors without a deadline
+    (``future.result()``); a call that never returns must not stop this
+    process from serving the other contenders and the parent.
+    """
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = work()
+        except BaseException as exc:
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, name="lmcache-bench-call", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        raise TimeoutError(f"the call did not return within {seconds:g} s (left behind)")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]  # type: ignore[no-any-return]
 
 
 def _unwrap(connection: Any) -> Any:
@@ -270,6 +307,7 @@ def main() -> int:
             continue
         contenders[c.name] = c
         built[c.name] = {"backend": c.backend_name, "connector": c.connector}
+    stuck: dict[str, str] = {}
     _reply(out, {"ready": True, "errors": errors, "built": built})
     for line in sys.stdin:
         cmd = json.loads(line)
@@ -277,12 +315,20 @@ def main() -> int:
             _reply(out, {"closed": _close_all(contenders, float(cmd.get("close_s", 10)))})
             out.flush()
             os._exit(0)  # a close left hanging must not keep the process alive
-        c = contenders.get(cmd.get("name", ""))
+        name = cmd.get("name", "")
+        if name in stuck:
+            _reply(out, {"error": stuck[name]})
+            continue
+        c = contenders.get(name)
         if c is None:
-            _reply(out, {"error": f"no contender {cmd.get('name')!r} here"})
+            _reply(out, {"error": f"no contender {name!r} here"})
             continue
         try:
-            _reply(out, c.round(int(cmd["tag"])))
+            tag = int(cmd["tag"])
+            _reply(out, _bounded(lambda c=c, tag=tag: c.round(tag), 2 * c.deadline_s + 30))
+        except TimeoutError as exc:
+            stuck[name] = f"a round hung inside LMCache: {exc}"
+            _reply(out, {"error": stuck[name]})
         except Exception as exc:
             _reply(out, {"error": f"{type(exc).__name__}: {exc}"})
     os._exit(0)

@@ -11,7 +11,7 @@ backend, through LMCache 0.5.6's own ``StorageManager`` built from an engine
 config (YAML): ``chunks`` KV chunks of 2 MiB (bfloat16, KV_2LTD,
 ``[2, 16, 256, 128]``) are allocated through the manager and filled
 (untimed); **put** is ``batched_put`` until the remote backend's
-``batched_contains`` counts every key; **get** is ``batched_get_blocking``
+``contains`` has found every key; **get** is ``batched_get_blocking``
 of every key from the remote backend (``RemoteBackend`` or
 ``RemoteBackend-<plugin>``).  Every chunk read back is compared byte for
 byte (untimed); a round that loses or changes a chunk stops that
@@ -37,7 +37,7 @@ medians of the rounds, for put and for get apart.  Rounds are interleaved:
 in every round each pair runs both its contenders back to back, the order
 flipping from round to round and pair to pair.  The first round of every
 contender is a warm-up and is not counted; before it, each contender makes
-one ``batched_contains`` lookup (as LMCache's engine does before it stores),
+one ``contains`` lookup (as LMCache's engine does before it stores),
 so no client connects inside a timed put.
 
 Each side runs in a process of its own (:mod:`kvpool.cli.bench.lmcache_child`):
@@ -64,6 +64,7 @@ import itertools
 import json
 import os
 import queue
+import signal
 import statistics
 import subprocess
 import sys
@@ -444,6 +445,10 @@ def _positive(text: str) -> int:
     return value
 
 
+def _terminated(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command line; 0 when every pair was measured, 1 when one was not, 2 without LMCache."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -477,6 +482,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json and not Path(args.json).resolve().parent.is_dir():
         print(f"lmcache_remote: --json {args.json}: no such directory", file=sys.stderr)
         return 2
+    # A SIGTERM (e.g. a test's timeout) unwinds, so the servers and children are stopped.
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         result = run(args.rounds, args.chunks, args.only_stores, args.memory)
     except SkipBenchmark as exc:

@@ -21,6 +21,7 @@ import importlib.util
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,19 @@ __all__ = ["MOONCAKE_ENV", "Stack"]
 
 #: Environment of every Mooncake client of the run (the parent's and the children's).
 MOONCAKE_ENV = {"MC_TCP_BIND_ADDRESS": "127.0.0.1", "MC_LOG_LEVEL": "ERROR"}
+
+
+@contextlib.contextmanager
+def _stderr_into(path: Path) -> Iterator[None]:
+    """File descriptor 2 goes to ``path`` for the block (native code's logs included)."""
+    saved = os.dup(2)
+    try:
+        with open(path, "ab") as f:
+            os.dup2(f.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 class Stack:
@@ -117,7 +131,9 @@ class Stack:
         self._mooncake = start_mooncake(folder, f"{segment_mb} MB", lease_ms=500)
         at["mooncake_master"] = self._mooncake.master
         at["mooncake_metadata"] = self._mooncake.metadata
-        self._wiper = MooncakeStore(self._mooncake.master, metadata=self._mooncake.metadata)
+        # Mooncake's client logs its set-up on stderr (glog): into the servers' logs.
+        with _stderr_into(self._mooncake.logs / "wiper.log"):
+            self._wiper = MooncakeStore(self._mooncake.master, metadata=self._mooncake.metadata)
         self.where["mooncake"] = (
             f"mooncake_master on {self._mooncake.master}, one {segment_mb} MB storage node, TCP"
         )
