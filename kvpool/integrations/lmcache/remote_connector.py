@@ -25,9 +25,10 @@ Close
 seconds, then cancels the rest - the stores free what a cancelled call
 allocated and drop its connection - and closes the store, waiting at most
 ``CLOSE_STORE_WAIT`` seconds for it; puts that did not finish are logged
-once, as :class:`~kvpool.errors.PoolClosedError`.  It never waits on its
-own loop for itself (LMCache 0.5.6's ``RedisConnector.close`` does, and
-deadlocks).
+once, as :class:`~kvpool.errors.PoolClosedError` (a command already sent
+may still be applied by the server: such a put may or may not be stored).
+It never waits on its own loop for itself (LMCache 0.5.6's
+``RedisConnector.close`` does, and deadlocks).
 """
 
 from __future__ import annotations
@@ -496,8 +497,8 @@ class KVPoolConnector(RemoteConnector):
             )
         if self.unfinished_puts:
             self.report.logger.warning(
-                "%s: closed with %d puts still in flight after %.1f s; they were cancelled and "
-                "not stored (PoolClosedError)",
+                "%s: closed with %d puts still in flight after %.1f s: cancelled "
+                "(PoolClosedError); the store may or may not hold them",
                 self.report.label,
                 self.unfinished_puts,
                 CLOSE_GRACE,

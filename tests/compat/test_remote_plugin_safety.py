@@ -1,0 +1,298 @@
+"""The LMCache remote plugin under stress: order, bad entries, hostile and dead servers, close.
+
+LMCache's real StorageManager on kvpool memory (the compat conftest ran
+``install()``), the README's plugin config, real redis-servers (one per
+test where a test pauses or kills it) and tests/remote's hostile server:
+
+* a get submitted after a put of the same key never reads the older entry
+  (the server is paused for writes, so the put is held there while a read
+  would be served at once);
+* corrupt, truncated and foreign entries are misses with one warning each,
+  naming the key; nothing escapes into LMCache and nothing leaks;
+* a lying server (absurd lengths, a reply cut off, another key's entry, a
+  trickle past the timeout) gives misses, typed in the counters;
+* a killed server: one warning, LMCache keeps serving from its CPU cache,
+  and the plugin works again once the server is back;
+* ``close()`` with 32 puts held by the server returns within 2 s, logs
+  them once, and leaves no connection or thread;
+* the connector's counters reach LMCache's Prometheus registry and
+  LMCache's stats monitor sees the plugin's bytes.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import plugin_cases as cases
+import pytest
+import torch
+
+import kvpool
+from kvpool import MemoryFormat
+
+PLUGIN_LOGGER = "kvpool.integrations.lmcache.remote"
+
+
+class Collect(logging.Handler):
+    """Keeps every record it is given."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    def at(self, level: int) -> list[str]:
+        """The messages logged at exactly ``level``."""
+        return [r.getMessage() for r in self.records if r.levelno == level]
+
+
+@pytest.fixture
+def plugin_log() -> Iterator[Collect]:
+    """Every record of the plugin's logger that its level lets through."""
+    handler = Collect()
+    logger = logging.getLogger(PLUGIN_LOGGER)
+    logger.addHandler(handler)
+    yield handler
+    logger.removeHandler(handler)
+
+
+class Opened:
+    """A StorageManager with the plugin, its remote backend and the plugin's connector."""
+
+    def __init__(self, url: str, folder: Path, *extra: str) -> None:
+        self.manager = cases.make_manager(cases.load_config(cases.config_text(url, *extra), folder))
+        self.backend = self.manager.storage_backends[cases.BACKEND]
+        self.connector = self.backend.connection.getWrappedConnector()
+        self.allocator = self.manager.allocator_backend.memory_allocator
+
+    def chunk(self, seed: int, tokens: int = cases.CHUNK_TOKENS) -> tuple[Any, str]:
+        """A chunk allocated through LMCache and filled; its digest."""
+        shape = torch.Size([2, 2, tokens, 128])
+        obj = self.manager.allocate(shape, cases.DTYPE, MemoryFormat.KV_2LTD)
+        return obj, cases.fill(obj, seed)
+
+    def close(self) -> None:
+        self.manager.close()
+
+
+def redis_client(server: Any) -> Any:
+    import redis
+
+    return redis.Redis(host=server.host, port=server.port)
+
+
+def test_a_get_never_overtakes_a_put_of_its_key(own_redis_server, tmp_path, lmc, plugin_log):
+    opened = Opened(own_redis_server.url + "/0", tmp_path)
+    try:
+        written = cases.write_chunks(opened.manager, 1, None, seed=1)
+        key = written["keys"][0]
+        cases.wait_stored(opened.backend, [key])
+        newer, newer_digest = opened.chunk(seed=2)
+        assert newer_digest != written["digests"][0]
+        # Writes wait at the server for 1.5 s; reads are served at once.
+        assert own_redis_server.command("CLIENT", "PAUSE", "1500", "WRITE") == b"+OK"
+        opened.backend.batched_submit_put_task([key], [newer])
+        newer.ref_count_down()  # the backend holds its own reference
+        got = opened.backend.get_blocking(key)  # submitted after the put
+        assert got is not None
+        assert cases.digest(got.byte_array) == newer_digest  # the new entry, not the old one
+        got.ref_count_down()
+    finally:
+        opened.close()
+    assert not plugin_log.at(logging.WARNING)
+
+
+def test_bad_entries_are_misses_with_one_warning_each(redis_server, tmp_path, lmc, plugin_log):
+    from kvpool.remote import RedisStore
+
+    opened = Opened(redis_server.url + "/0", tmp_path)
+    client = redis_client(redis_server)
+    try:
+        written = cases.write_chunks(opened.manager, 4, None, seed=10)
+        keys = written["keys"]
+        cases.wait_stored(opened.backend, keys)
+        names = [k.to_string() for k in keys]
+        client.set("kvpool:" + names[0], b"not a kvpool entry at all")
+        value = client.get("kvpool:" + names[2])
+        client.set("kvpool:" + names[2], value[: len(value) - 100])  # truncated
+        # A well-formed kvpool entry of another layout (hidden size 64, not 128).
+        pool = kvpool.TensorMemoryAllocator(torch.empty(1 << 20, dtype=torch.uint8))
+        other = pool.allocate(torch.Size([2, 2, 16, 64]), torch.float16, MemoryFormat.KV_2LTD)
+        other.tensor.fill_(1)
+        with RedisStore(redis_server.url + "/0") as store:
+            store.put(names[1], other)
+        other.ref_count_down()
+        pool.close()
+        before = opened.allocator.stats().active_objects
+        got = opened.backend.batched_get_blocking(keys)
+        assert got[:3] == [None, None, None]
+        assert got[3] is not None and cases.digest(got[3].byte_array) == written["digests"][3]
+        got[3].ref_count_down()
+        assert opened.backend.get_blocking(keys[0]) is None
+        assert opened.allocator.stats().active_objects == before  # nothing held
+        assert opened.allocator.memcheck()
+        warnings = plugin_log.at(logging.WARNING)
+        assert len(warnings) == 4, warnings
+        named = sorted(next(n for n in names if repr(n) in m) for m in warnings)
+        assert named == sorted([names[0], names[0], names[1], names[2]])
+        assert all("read as a miss" in m for m in warnings)
+        assert opened.connector.report.corrupt == 4
+        errors = opened.connector.counters.snapshot()["unusable_entry"].errors
+        assert errors == {"CorruptEntryError": 4}
+    finally:
+        client.close()
+        opened.close()
+
+
+def test_hostile_server_guarantees_hold_through_the_connector(tmp_path, lmc, plugin_log):
+    from remote.hostile_server import Cut, HostileServer, Trickle, bulk
+
+    server = HostileServer()
+    opened = Opened(server.url, tmp_path, "remote_storage_plugin.kvpool.timeout: 1")
+    try:
+        written = cases.write_chunks(opened.manager, 2, None, seed=20)
+        keys = written["keys"]
+        cases.wait_stored(opened.backend, keys)
+        stored = [b"kvpool:" + k.to_string().encode() for k in keys]
+        before = opened.allocator.stats().active_objects
+        lies = {
+            "absurd length": lambda args, honest: b"$99999999999999\r\n",
+            "cut in the middle": lambda args, honest: Cut(honest[: len(honest) // 2]),
+            "another key's entry": lambda args, honest: bulk(server.data[stored[1]]),
+            "trickle past the timeout": lambda args, honest: Trickle(honest, 0.25, 3.0),
+        }
+        for what, lie in lies.items():
+            server.rule(b"GET", lie)
+            started = time.monotonic()
+            assert opened.backend.get_blocking(keys[0]) is None, what
+            assert time.monotonic() - started < 10, what  # liveness: bounded by the timeout
+            assert opened.allocator.stats().active_objects == before, what
+        server.rules.clear()
+        got = opened.backend.get_blocking(keys[0])  # honest again: a hit
+        assert got is not None and cases.digest(got.byte_array) == written["digests"][0]
+        got.ref_count_down()
+        errors = opened.connector.counters.snapshot()
+        kinds = {kind for counts in errors.values() for kind in counts.errors}
+        assert "CorruptEntryError" in kinds and "StoreTimeoutError" in kinds, errors
+    finally:
+        opened.close()
+        server.close()
+
+
+def test_a_killed_server_is_one_warning_and_lmcache_keeps_serving(
+    own_redis_server, tmp_path, lmc, plugin_log
+):
+    from conftest import start_redis_server
+
+    opened = Opened(
+        own_redis_server.url + "/0", tmp_path, "remote_storage_plugin.kvpool.timeout: 2"
+    )
+    logger = logging.getLogger(PLUGIN_LOGGER)
+    level = logger.level
+    logger.setLevel(logging.INFO)  # LMCACHE_LOG_LEVEL is WARNING in the compat suite
+    try:
+        first = cases.write_chunks(opened.manager, 3, None, seed=30)
+        cases.wait_stored(opened.backend, first["keys"])
+        own_redis_server.proc.kill()
+        own_redis_server.proc.wait(10)
+        # Puts, lookups and gets go on: misses for the remote, hits from the CPU cache.
+        second = cases.write_chunks(opened.manager, 3, None, seed=40)
+        assert opened.backend.get_blocking(first["keys"][0]) is None
+        assert opened.backend.contains(second["keys"][0]) is False
+        assert opened.backend.batched_get_blocking(second["keys"]) == [None] * 3
+        for key, digest in zip(second["keys"], second["digests"], strict=True):
+            obj = opened.manager.get(key)  # LocalCPUBackend still has it
+            assert obj is not None and cases.digest(obj.byte_array) == digest
+            obj.ref_count_down()
+        warnings = plugin_log.at(logging.WARNING)
+        assert len(warnings) == 1 and "StoreConnectionError" in warnings[0], warnings
+        assert opened.connector.report.outages == 1
+        # The server comes back (empty, on the same port): the plugin stores again.
+        restarted = start_redis_server(tmp_path, own_redis_server.port)
+        own_redis_server.proc = restarted.proc
+        third = cases.write_chunks(opened.manager, 2, None, seed=50)
+        cases.wait_stored(opened.backend, third["keys"])
+        assert any("answers again" in m for m in plugin_log.at(logging.INFO))
+        assert len(plugin_log.at(logging.WARNING)) == 1
+    finally:
+        logger.setLevel(level)
+        opened.close()
+
+
+def kvpool_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("kvpool-")]
+
+
+def connected_clients(server: Any) -> int:
+    """Clients connected to ``server``, not counting the one asking."""
+    client = redis_client(server)
+    try:
+        return int(client.info("clients")["connected_clients"]) - 1
+    finally:
+        client.close()
+
+
+def test_close_with_32_puts_in_flight_is_bounded_and_leaves_nothing(
+    own_redis_server, tmp_path, lmc, plugin_log, deadline
+):
+    threads_before = kvpool_threads()
+    opened = Opened(own_redis_server.url + "/0", tmp_path)
+    closed = False
+    try:
+        objs = [opened.chunk(seed=60 + i)[0] for i in range(32)]
+        keys = cases.make_keys(32)
+        assert own_redis_server.command("CLIENT", "PAUSE", "20000", "WRITE") == b"+OK"
+        for key, obj in zip(keys, objs, strict=True):
+            opened.backend.submit_put_task(key, obj)  # 32 puts, each on its own connection
+            obj.ref_count_down()
+        deadline(lambda: connected_clients(own_redis_server) >= 32, "32 puts to reach the server")
+        started = time.monotonic()
+        opened.backend.close()  # LMCache's RemoteBackend.close: the connector's close on its loop
+        elapsed = time.monotonic() - started
+        closed = True
+        assert elapsed <= 2.0, f"close took {elapsed:.2f} s with 32 puts in flight"
+        warnings = plugin_log.at(logging.WARNING)
+        assert len(warnings) == 1 and "32 puts still in flight" in warnings[0], warnings
+        assert "PoolClosedError" in warnings[0]
+        assert opened.connector.unfinished_puts == 32
+        assert own_redis_server.command("CLIENT", "UNPAUSE") == b"+OK"
+        deadline(lambda: connected_clients(own_redis_server) == 0, "the connections to close")
+        deadline(lambda: kvpool_threads() == threads_before, "the store's threads to end")
+    finally:
+        own_redis_server.command("CLIENT", "UNPAUSE")
+        if not closed:
+            opened.backend.close()
+        opened.manager.close()
+
+
+def test_counters_reach_prometheus_and_lmcaches_stats(redis_server, tmp_path, lmc):
+    import prometheus_client
+
+    opened = Opened(redis_server.url + "/0", tmp_path)
+    try:
+        ev = cases.round_trip(opened.manager, n=4, partial=None)
+        scrape = prometheus_client.generate_latest(prometheus_client.REGISTRY).decode()
+        stats = lmc.stats
+        written = stats.interval_remote_write_bytes
+        read = stats.interval_remote_read_bytes
+    finally:
+        opened.close()
+    labels = 'name="lmcache:kvpool",store="KVPoolConnector"'
+    assert f"kvpool_store_puts_total{{{labels}}} 4.0" in scrape
+    # batched + single reads of the 4, the mixed pair, an unknown key, the removed key
+    assert len(ev["batched"]) == len(ev["single"]) == 4
+    assert f"kvpool_store_gets_total{{{labels}}} 12.0" in scrape
+    assert f"kvpool_store_get_misses_total{{{labels}}} 3.0" in scrape
+    chunk = cases.CHUNK_SHAPE.numel() * 2
+    assert written == 4 * chunk  # LMCache's own accounting of the plugin's puts
+    assert read >= 8 * chunk
+    # A closed connector leaves the scrape.
+    after = prometheus_client.generate_latest(prometheus_client.REGISTRY).decode()
+    assert labels not in after
