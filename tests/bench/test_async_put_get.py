@@ -38,6 +38,9 @@ def test_async_put_get_runs_both_halves(tmp_path: Path) -> None:
     assert "cleanup_errors" not in bench["info"]
     assert sorted(bench["info"]["paired_ratio_median"]) == sorted(bench["metrics"])
     assert all(r > 0 for r in bench["info"]["paired_ratio_median"].values())
+    cpu = bench["info"]["client_cpu_ms_median"]
+    assert sorted(cpu) == ["async", "blocking"]
+    assert all(sorted(cpu[k]) == sorted(bench["metrics"]) for k in cpu)
     assert sorted(bench["metrics"]) == sorted(
         f"{store}_{op}" for store in ("cluster", "mooncake", "headerless") for op in ("put", "get")
     )

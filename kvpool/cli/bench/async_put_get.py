@@ -20,7 +20,11 @@ So each ratio is the price (or gain) of the asyncio path for the same
 store and the same server.  Besides the table's ratios (best against
 best, median against median), ``info["paired_ratio_median"]`` is the
 median over trials of each trial's own ratio (its two rounds run back to
-back, so a burst of load on the machine hits both).  Each Mooncake store has a pool of its own (a
+back, so a burst of load on the machine hits both), and
+``info["client_cpu_ms_median"]`` the CPU time this process spent per
+batched call (all its threads: the asyncio Mooncake store's work is in
+its threads), which load on the machine disturbs far less than the
+wall-clock figures.  Each Mooncake store has a pool of its own (a
 pool is registered with one client once) and each kind its own client;
 Mooncake keys are new every round and removed after it (a Mooncake put
 keeps the first value of a key).  A missing server skips its half, with
@@ -87,9 +91,10 @@ def _setup(settings: Settings) -> Case:
     sides: dict[str, dict[str, _Side]] = {"async": {}, "blocking": {}}
 
     history: dict[str, list[dict[str, float]]] = {"async": [], "blocking": []}
+    cpu_history: dict[str, list[dict[str, float]]] = {"async": [], "blocking": []}
 
     def cleanup() -> None:
-        _paired(history, info)
+        _paired(history, cpu_history, info)
         while undo:
             step = undo.pop()
             try:
@@ -121,16 +126,19 @@ def _setup(settings: Settings) -> Case:
 
     def trial(kind: str) -> dict[str, float]:
         out: dict[str, float] = {}
+        cpu: dict[str, float] = {}
         for name, side in sides[kind].items():
-            put_s = get_s = 0.0
+            put_s = get_s = put_cpu = get_cpu = 0.0
             for _ in range(rounds):
                 keys = [f"bench-{next(counter)}-{i}" for i in range(_CHUNKS)]
-                start = time.perf_counter()
+                start, start_cpu = time.perf_counter(), time.process_time()
                 side.put(keys, side.src)
                 put_s += time.perf_counter() - start
-                start = time.perf_counter()
+                put_cpu += time.process_time() - start_cpu
+                start, start_cpu = time.perf_counter(), time.process_time()
                 got = side.get(keys)
                 get_s += time.perf_counter() - start
+                get_cpu += time.process_time() - start_cpu
                 for i, obj in enumerate(got):
                     if obj is None or bytes(obj.byte_array) != payload[i]:
                         info["verified"] = False
@@ -140,12 +148,16 @@ def _setup(settings: Settings) -> Case:
                     side.after(keys)
             out[f"{name}_put"] = rounds * _PER_ROUND / put_s / 1e9
             out[f"{name}_get"] = rounds * _PER_ROUND / get_s / 1e9
+            cpu[f"{name}_put"] = put_cpu * 1e3 / rounds
+            cpu[f"{name}_get"] = get_cpu * 1e3 / rounds
         history[kind].append(out)
+        cpu_history[kind].append(cpu)
         return out
 
     for kind in sides:  # warm-up: connections, registrations, server memory
         trial(kind)
         history[kind].clear()
+        cpu_history[kind].clear()
     names = list(sides["async"])
     labels = {
         "cluster": "cluster (3 masters)",
@@ -169,13 +181,23 @@ def _setup(settings: Settings) -> Case:
     )
 
 
-def _paired(history: dict[str, list[dict[str, float]]], info: dict[str, Any]) -> None:
-    """``info["paired_ratio_median"]``: per metric, the median of the trials' own ratios."""
+def _paired(
+    history: dict[str, list[dict[str, float]]],
+    cpu_history: dict[str, list[dict[str, float]]],
+    info: dict[str, Any],
+) -> None:
+    """Figures of the trials for ``info`` (see the module docstring)."""
     pairs = list(zip(history["async"], history["blocking"], strict=False))
     if not pairs:
         return
     info["paired_ratio_median"] = {
         key: round(statistics.median(a[key] / b[key] for a, b in pairs), 3) for key in pairs[0][0]
+    }
+    info["client_cpu_ms_median"] = {
+        kind: {
+            key: round(statistics.median(trial[key] for trial in trials), 2) for key in trials[0]
+        }
+        for kind, trials in cpu_history.items()
     }
 
 
