@@ -7,6 +7,7 @@ memory-management module, so code written against it works with
 ``import kvpool``.
 """
 
+from kvpool.checks import refuse_unknown_keywords_in
 from kvpool.errors import (
     AddressSpaceExhaustedError,
     ArgumentTypeError,
@@ -97,7 +98,8 @@ def __getattr__(name: str) -> object:
 
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
-    return value
+    refuse_unknown_keywords_in(globals(), (name,))
+    return globals()[name]
 
 
 def __dir__() -> list[str]:
@@ -183,3 +185,7 @@ __all__ = [
     "synchronized",
     "unlink_shm",
 ]
+
+# Every public call refuses a misspelt keyword naming the closest known one
+# (kvpool.checks.refuse_unknown_keywords); the lazy names get it as they load.
+refuse_unknown_keywords_in(globals(), __all__)

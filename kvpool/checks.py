@@ -10,18 +10,23 @@ the fix.  These are for public entry points; hot paths (``allocate``,
 from __future__ import annotations
 
 import difflib
+import enum
 import functools
 import inspect
 import math
 import operator
 import threading
+import types
 from collections.abc import Callable, Collection, Mapping
 from enum import EnumMeta
-from typing import Any
+from typing import Any, TypeVar
 
 from kvpool.errors import ArgumentTypeError, BatchSizeError, InvalidArgumentError, KVPoolError
 
 __all__ = [
+    "HOT_CALLS",
+    "INTERNAL_CALLS",
+    "RefusesUnknownKeywords",
     "TypedEnumLookup",
     "check_batch_size",
     "check_bool",
@@ -35,6 +40,9 @@ __all__ = [
     "check_seconds",
     "check_size",
     "keywords_of",
+    "refuse_unknown_keywords",
+    "refuse_unknown_keywords_in",
+    "unguarded",
 ]
 
 
@@ -313,3 +321,248 @@ def check_batch_size(batch_size: object) -> int:
     if batch_size < 0:  # type: ignore[operator]
         raise BatchSizeError(f"batch_size must be non-negative (>= 0), got {batch_size}")
     return batch_size  # type: ignore[return-value]
+
+
+# -- unknown keywords: one mechanism for every public call ---------------
+#
+# Python refuses a misspelt keyword with a bare TypeError raised in the
+# caller's frame, before the callee runs, so nothing inside the callee can
+# improve it.  refuse_unknown_keywords() puts a thin wrapper in front of a
+# function: it has the function's own parameters plus a catch-all
+# **kwargs, which is empty on every correct call, and forwards the call
+# positionally.  Only a keyword the function does not take lands in the
+# catch-all, and the wrapper then raises check_keywords' error.  Required
+# parameters get a sentinel default in the wrapper, so a misspelt keyword
+# meant for one (``allocate(s, dtype=d)``) is reported as the misspelling,
+# as Python itself reports it, not as a missing argument.  Nothing is
+# validated on a correct call beyond one test, and no TypeError raised
+# inside the function is touched.  Functions that take **kwargs themselves
+# are left alone: they check their keywords with check_keywords.
+
+_Target = TypeVar("_Target")
+
+#: Attribute set on every wrapper; refuse_unknown_keywords skips those.
+_GUARD_MARK = "_kvpool_keywords_guard"
+
+#: A class attribute naming methods that kvpool's own code calls on a hot path
+#: under a written contract (a pool's handles calling ``open_lease``...);
+#: they are not guarded.  Inherited: a subclass's methods of those names are
+#: not guarded either.  Methods named ``*_locked`` (called with the caller
+#: already holding the object's lock: kvpool's own code) are never guarded.
+INTERNAL_CALLS = "_internal_calls"
+
+#: A class attribute naming public calls so hot that a wrapper's cost shows
+#: (a pool's ``allocate``/``free``: a forwarding call costs 5-17% of an
+#: allocate + free, measured); they keep Python's own ``TypeError`` for an
+#: unknown keyword.  Inherited like :data:`INTERNAL_CALLS`.
+HOT_CALLS = "_hot_calls"
+
+
+class _Missing:
+    """The wrapper's default for a required parameter (never a real argument)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<required>"
+
+
+_MISSING = _Missing()
+
+
+def _owner(fn: Callable[..., Any], kind: str, first: Any) -> str:
+    name = fn.__name__
+    if kind == "method":
+        return (
+            f"{type(first).__name__}()"
+            if name == "__init__"
+            else f"{type(first).__name__}.{name}()"
+        )
+    if kind == "classmethod":
+        return f"{first.__name__}.{name}()"
+    return f"{fn.__qualname__}()"
+
+
+def _refuse(
+    fn: Callable[..., Any],
+    kind: str,
+    first: Any,
+    unknown: Mapping[str, Any],
+    given: list[tuple[str, Any, Any]],
+) -> Any:
+    """The slow path of a guarded call: an unknown keyword, or a required argument missing.
+
+    Raises check_keywords' error for an unknown keyword; otherwise calls
+    ``fn`` with the arguments that were given (``given``: name, kind,
+    value), so that Python reports the missing one in its own words.
+    """
+    if unknown:
+        known = keywords_of(fn, skip=0 if kind == "function" else 1) or frozenset()
+        check_keywords(_owner(fn, kind, first), unknown, known)
+    P = inspect.Parameter
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
+    for name, param_kind, value in given:
+        if value is _MISSING:
+            continue
+        if param_kind is P.POSITIONAL_ONLY:
+            args.append(value)
+        elif param_kind is P.VAR_POSITIONAL:
+            args.extend(value)
+        else:
+            kwargs[name] = value
+    return fn(*args, **kwargs)
+
+
+def _guard_function(fn: Callable[..., Any], kind: str) -> Callable[..., Any]:
+    """``fn`` behind a wrapper that refuses unknown keywords (``fn`` itself if it needs none)."""
+    if getattr(fn, _GUARD_MARK, False) or not isinstance(fn, types.FunctionType):
+        return fn
+    P = inspect.Parameter
+    params = list(inspect.signature(fn).parameters.values())  # through decorators
+    named = params[0 if kind == "function" else 1 :]
+    if any(p.kind is P.VAR_KEYWORD for p in params) or not any(
+        p.kind in (P.POSITIONAL_OR_KEYWORD, P.KEYWORD_ONLY) for p in named
+    ):
+        return fn  # takes any keyword (and checks them itself), or none at all
+    if any(p.name.startswith("_kvpool_") for p in params):
+        return fn  # would shadow the wrapper's own names; never the case in kvpool
+    namespace: dict[str, Any] = {"_kvpool_fn": fn, "_kvpool_refuse": _refuse, "_M": _MISSING}
+    decl: list[str] = []
+    call: list[str] = []
+    required: list[str] = []
+    star = False
+    for i, p in enumerate(params):
+        if p.kind is P.VAR_POSITIONAL:
+            decl.append("*" + p.name)
+            call.append("*" + p.name)
+            star = True
+            continue
+        if p.kind is P.KEYWORD_ONLY and not star:
+            decl.append("*")
+            star = True
+        if p.default is not P.empty:
+            namespace[f"_kvpool_default_{i}"] = p.default
+            decl.append(f"{p.name}=_kvpool_default_{i}")
+        elif i == 0 and kind != "function":
+            decl.append(p.name)  # self or cls: always bound
+        else:
+            decl.append(f"{p.name}=_M")
+            required.append(p.name)
+        call.append(f"{p.name}={p.name}" if p.kind is P.KEYWORD_ONLY else p.name)
+        if p.kind is P.POSITIONAL_ONLY and (
+            i + 1 == len(params) or params[i + 1].kind is not p.kind
+        ):
+            decl.append("/")
+    namespace["_kvpool_kinds"] = [(p.name, p.kind) for p in params]
+    test = " or ".join(["_kvpool_unknown", *(f"{name} is _M" for name in required)])
+    first = params[0].name if params and kind != "function" else "None"
+    is_async = inspect.iscoroutinefunction(fn)
+    source = (
+        f"{'async ' if is_async else ''}def {fn.__name__}({', '.join(decl)}, **_kvpool_unknown):\n"
+        f"    if {test}:\n"
+        f"        return {'await ' if is_async else ''}_kvpool_refuse(_kvpool_fn, {kind!r}, "
+        f"{first}, _kvpool_unknown, [(n, k, v) for (n, k), v in "
+        f"zip(_kvpool_kinds, ({', '.join(p.name for p in params)},))])\n"
+        f"    return {'await ' if is_async else ''}_kvpool_fn({', '.join(call)})\n"
+    )
+    exec(compile(source, f"<keywords of {fn.__qualname__}>", "exec"), namespace)
+    wrapper = functools.update_wrapper(namespace[fn.__name__], fn)
+    setattr(wrapper, _GUARD_MARK, True)
+    return wrapper  # type: ignore[no-any-return]
+
+
+def _guard_class(cls: type) -> None:
+    """Guard ``cls.__init__`` and the public methods ``cls`` defines, in place."""
+    if isinstance(cls, enum.EnumMeta):
+        return  # Enum(value) is a lookup (TypedEnumLookup), not a constructor with keywords
+    internal = frozenset(getattr(cls, INTERNAL_CALLS, ())) | frozenset(getattr(cls, HOT_CALLS, ()))
+    for name, attr in list(vars(cls).items()):
+        if (name.startswith("_") and name != "__init__") or name in internal:
+            continue
+        if name.endswith("_locked"):
+            continue
+        if isinstance(attr, staticmethod):
+            guarded: Any = staticmethod(_guard_function(attr.__func__, "function"))
+            changed = guarded.__func__ is not attr.__func__
+        elif isinstance(attr, classmethod):
+            guarded = classmethod(_guard_function(attr.__func__, "classmethod"))
+            changed = guarded.__func__ is not attr.__func__
+        elif isinstance(attr, types.FunctionType):
+            guarded = _guard_function(attr, "method")
+            changed = guarded is not attr
+        else:
+            continue
+        if changed:
+            setattr(cls, name, guarded)
+
+
+def refuse_unknown_keywords(target: _Target) -> _Target:
+    """Make ``target`` refuse an unknown keyword with the closest known one named.
+
+    For a function: returns a wrapper (same name, docstring and signature;
+    ``__wrapped__`` is the function) whose only work on a correct call is
+    to forward it; a keyword the function does not take raises
+    :class:`~kvpool.errors.ArgumentTypeError` (a ``TypeError``) from
+    :func:`check_keywords`, e.g. ``TensorMemoryAllocator.allocate() got an
+    unexpected keyword argument 'dtype'; did you mean 'dtypes'? (accepted:
+    ...)``.  A coroutine function gets a coroutine wrapper.  Functions that
+    take ``**kwargs`` (they check their own keywords) or no keywords at all
+    are returned unchanged.
+
+    For a class: guards, in place, its ``__init__`` and every public method,
+    static method and class method it defines itself (inherited ones are
+    guarded where they are defined), except those named in its
+    ``_internal_calls`` (:data:`INTERNAL_CALLS`) or ``_hot_calls``
+    (:data:`HOT_CALLS`); returns the class.  Subclasses of
+    :class:`RefusesUnknownKeywords` get this when they are defined.
+
+    Idempotent.  Cost: one forwarding call per guarded call (tens of ns).
+    """
+    if isinstance(target, type):
+        _guard_class(target)
+        return target
+    return _guard_function(target, "function")  # type: ignore[arg-type, return-value]
+
+
+def refuse_unknown_keywords_in(namespace: dict[str, Any], names: Collection[str]) -> None:
+    """Apply :func:`refuse_unknown_keywords` to a package's public ``names``.
+
+    Functions are replaced in ``namespace`` by their wrappers (the module that
+    defines one keeps the bare function for its own callers); classes are
+    guarded in place.  Exceptions, enums and values are left alone.
+    """
+    for name in names:
+        value = namespace.get(name)
+        if isinstance(value, type) and issubclass(value, BaseException):
+            continue
+        if isinstance(value, (type, types.FunctionType)):
+            namespace[name] = refuse_unknown_keywords(value)
+
+
+def unguarded(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The function behind a :func:`refuse_unknown_keywords` wrapper (bound again if bound).
+
+    For kvpool's own hot paths that call a guarded public method of another
+    kvpool object with arguments they know are right.
+    """
+    if isinstance(fn, types.MethodType) and getattr(fn.__func__, _GUARD_MARK, False):
+        return types.MethodType(fn.__func__.__wrapped__, fn.__self__)
+    if getattr(fn, _GUARD_MARK, False):
+        return fn.__wrapped__  # type: ignore[attr-defined, no-any-return]
+    return fn
+
+
+class RefusesUnknownKeywords:
+    """Base of kvpool's public class families: subclasses refuse unknown keywords.
+
+    Every class deriving from it (kvpool's pools, memory objects and stores,
+    and users' subclasses of them) is passed to
+    :func:`refuse_unknown_keywords` when it is defined.
+    """
+
+    __slots__ = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        refuse_unknown_keywords(cls)

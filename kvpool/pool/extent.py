@@ -25,7 +25,7 @@ from kvpool.pool.arena import arena_from_tensor
 from kvpool.pool.handle import TensorMemoryObj, new_pooled_handle
 from kvpool.pool.interface import PoolStats
 from kvpool.pool.lease import ViewLease
-from kvpool.pool.metadata import MemoryObjMetadata
+from kvpool.pool.metadata import new_metadata
 from kvpool.pool.objects import MemoryObj
 from kvpool.pool.policy import (
     PlacementPolicy,
@@ -184,7 +184,7 @@ class TensorMemoryAllocator(PlacementPolicy):
                 self._refuse_too_large_locked(nbytes, self._arena_size, "allocate")
                 return None
             addr, phy = placed
-            meta = MemoryObjMetadata(
+            meta = new_metadata(
                 shape_list[0], dtype_list[0], addr, phy, 1, 0, fmt, None, shape_list, dtype_list
             )
             if self._usage is not None:
@@ -244,7 +244,7 @@ class TensorMemoryAllocator(PlacementPolicy):
             return [
                 new_pooled_handle(
                     self,
-                    MemoryObjMetadata(
+                    new_metadata(
                         shape0, dtype0, addr, phy, 1, 0, fmt, None, shape_list, dtype_list
                     ),
                     addr,

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvpool.checks import check_int
+from kvpool.checks import RefusesUnknownKeywords, check_int
 from kvpool.errors import FeatureUnavailableError
 from kvpool.formats import MemoryFormat, normalize_layout
 from kvpool.pool.objects import MemoryObj
@@ -95,8 +95,15 @@ class PoolStats:
         )
 
 
-class MemoryAllocatorInterface(metaclass=abc.ABCMeta):
-    """What every allocator offers: allocate, free, batched forms, close."""
+class MemoryAllocatorInterface(RefusesUnknownKeywords, metaclass=abc.ABCMeta):
+    """What every allocator offers: allocate, free, batched forms, close.
+
+    Every public call refuses an unknown keyword naming the closest known
+    one (:func:`kvpool.checks.refuse_unknown_keywords`), except the
+    allocation hot path below, where the wrapper's cost would show.
+    """
+
+    _hot_calls = frozenset(("allocate", "batched_allocate", "free", "batched_free"))
 
     @abc.abstractmethod
     def allocate(

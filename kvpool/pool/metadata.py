@@ -14,7 +14,7 @@ from kvpool.checks import check_int
 from kvpool.errors import ArgumentTypeError, InvalidArgumentError, KVPoolError
 from kvpool.formats import MemoryFormat, get_size_bytes, layout_bytes
 
-__all__ = ["MemoryObjMetadata", "check_prefix_sums", "no_token_dim", "view_error"]
+__all__ = ["MemoryObjMetadata", "check_prefix_sums", "new_metadata", "no_token_dim", "view_error"]
 
 
 def _dtype_from_str(text: object) -> torch.dtype:
@@ -144,6 +144,45 @@ class MemoryObjMetadata:
         if self.dtype is None:
             raise InvalidArgumentError("metadata has no dtype, so it has no byte size")
         return layout_bytes(self.shape, self.dtype)
+
+
+_new = object.__new__
+_init = MemoryObjMetadata.__init__  # the dataclass's own: kvpool guards the public one
+
+
+def new_metadata(
+    shape: torch.Size,
+    dtype: torch.dtype | None,
+    address: int,
+    phy_size: int,
+    ref_count: int,
+    pin_count: int,
+    fmt: MemoryFormat,
+    cached_positions: torch.Tensor | None,
+    shapes: list[torch.Size] | None,
+    dtypes: list[torch.dtype] | None,
+) -> MemoryObjMetadata:
+    """``MemoryObjMetadata(...)`` (every field, by position) for the pools' allocation hot path.
+
+    The public constructor refuses unknown keywords through a wrapper
+    (:func:`kvpool.checks.refuse_unknown_keywords`); the pools, which pass
+    every field by position, build their metadata without it.
+    """
+    meta = _new(MemoryObjMetadata)
+    _init(
+        meta,
+        shape,
+        dtype,
+        address,
+        phy_size,
+        ref_count,
+        pin_count,
+        fmt,
+        cached_positions,
+        shapes,
+        dtypes,
+    )
+    return meta
 
 
 def check_prefix_sums(value: object, limit: int) -> list[int]:

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from kvpool.checks import RefusesUnknownKeywords
 from kvpool.errors import InvalidArgumentError
 from kvpool.formats import MemoryFormat
 from kvpool.pool.metadata import MemoryObjMetadata
@@ -44,7 +45,7 @@ if TYPE_CHECKING:
 __all__ = ["MemoryObj"]
 
 
-class MemoryObj(metaclass=abc.ABCMeta):
+class MemoryObj(RefusesUnknownKeywords, metaclass=abc.ABCMeta):
     """Interface of a memory object (a handle on one allocation).
 
     Besides the abstract interface it carries one piece of bookkeeping for
@@ -122,7 +123,7 @@ class MemoryObj(metaclass=abc.ABCMeta):
     def get_physical_size(self) -> int:
         """Bytes reserved for the object, alignment included."""
 
-    def set_used_size(self, n: int) -> None:  # noqa: B027 - optional hook
+    def set_used_size(self, n: int) -> None:
         """Narrow the logical size to the first ``n`` bytes (optional hook).
 
         The default does nothing; objects that distinguish used from

@@ -44,7 +44,7 @@ from kvpool.pool.arena import arena_from_tensor
 from kvpool.pool.handle import TensorMemoryObj, new_pooled_handle
 from kvpool.pool.interface import PoolStats
 from kvpool.pool.lease import ViewLease
-from kvpool.pool.metadata import MemoryObjMetadata
+from kvpool.pool.metadata import new_metadata
 from kvpool.pool.objects import MemoryObj
 from kvpool.pool.policy import (
     PlacementPolicy,
@@ -272,7 +272,7 @@ class PagedTensorMemoryAllocator(PlacementPolicy):
         """A new handle (and metadata) for ``page``; caller holds the lock."""
         # Lists of its own: a caller that edits its metadata must not edit
         # the pool's layout.
-        meta = MemoryObjMetadata(
+        meta = new_metadata(
             shape_list[0],
             dtype_list[0],
             page,

@@ -214,6 +214,9 @@ class PlacementPolicy(MemoryAllocatorInterface):
     """
 
     kind = ""
+    # The HandleOwner calls (kvpool.pool.contract) the handles make on their
+    # hot paths: not guarded against unknown keywords (kvpool.checks).
+    _internal_calls = frozenset(("release_dropped", "open_lease", "dead_handle_error"))
 
     buffer: torch.Tensor
     base_address: int

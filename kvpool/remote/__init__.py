@@ -48,7 +48,7 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from kvpool.checks import check_keywords, keywords_of
+from kvpool.checks import check_keywords, keywords_of, refuse_unknown_keywords_in
 from kvpool.errors import (
     CorruptEntryError,
     InvalidArgumentError,
@@ -224,3 +224,8 @@ def open_async_store(spec: str | os.PathLike[str], **options: Any) -> AsyncRemot
     if kind == "mooncake":
         return _open(AsyncMooncakeStore.from_url, "AsyncMooncakeStore", where, options)  # type: ignore[no-any-return]
     return _open(AsyncRedisStore, "AsyncRedisStore", where, options)  # type: ignore[no-any-return]
+
+
+# Every public call refuses a misspelt keyword naming the closest known one
+# (kvpool.checks.refuse_unknown_keywords; the stores get it as subclasses).
+refuse_unknown_keywords_in(globals(), __all__)

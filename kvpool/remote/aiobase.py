@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from kvpool.checks import RefusesUnknownKeywords
 from kvpool.errors import PoolClosedError
 from kvpool.formats import MemoryFormat
 from kvpool.pool.interface import MemoryAllocatorInterface
@@ -101,7 +102,7 @@ def lets_go(fn: Callable[..., Any]) -> Callable[..., Any]:
     return call
 
 
-class AsyncRemoteStore(metaclass=abc.ABCMeta):
+class AsyncRemoteStore(RefusesUnknownKeywords, metaclass=abc.ABCMeta):
     """A store of memory objects for asyncio code (see :class:`RemoteStore`).
 
     Use ``async with store:`` or ``await store.aclose()``.  Calls may run
@@ -172,7 +173,7 @@ class AsyncRemoteStore(metaclass=abc.ABCMeta):
     async def batched_delete(self, keys: Sequence[Key]) -> int:
         """``delete`` of each key; how many existed."""
 
-    def _close(self) -> None:  # noqa: B027 - optional hook
+    def _close(self) -> None:
         """Release the store's own resources (called once)."""
 
     @property

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from kvpool.checks import RefusesUnknownKeywords
 from kvpool.errors import (
     ArgumentTypeError,
     InvalidArgumentError,
@@ -219,7 +220,7 @@ def live_stores() -> list[RemoteStore]:
         return [s for s in _stores if not s.closed]
 
 
-class RemoteStore(metaclass=abc.ABCMeta):
+class RemoteStore(RefusesUnknownKeywords, metaclass=abc.ABCMeta):
     """A key/value store of memory objects: files, Redis/Valkey...
 
     Every store writes the same self-describing entry: a header (magic,
@@ -359,7 +360,7 @@ class RemoteStore(metaclass=abc.ABCMeta):
             RemoteStoreError: the store failed.
         """
 
-    def _close(self) -> None:  # noqa: B027 - optional hook
+    def _close(self) -> None:
         """Release the store's own resources (called once by :meth:`close`)."""
 
     # -- batched forms -----------------------------------------------

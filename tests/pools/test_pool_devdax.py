@@ -9,6 +9,7 @@ one; CUDA registration is checked on a GPU machine.
 from __future__ import annotations
 
 import glob
+import inspect
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -162,7 +163,9 @@ def test_add_and_drain_devices(dax) -> None:
         assert isinstance(info.value, ValueError)
         assert not alloc.owns_device(extra)
         alloc.batched_free(filler)
-        assert alloc.remove_device.__defaults__ == (DevDaxRemoveMode.DRAIN,)
+        assert inspect.signature(alloc.remove_device).parameters["mode"].default is (
+            DevDaxRemoveMode.DRAIN
+        )
         with pytest.raises(kvpool.InvalidArgumentError, match="remove mode"):
             alloc.remove_device(primary, "migrate")  # type: ignore[arg-type]
     with pytest.raises(kvpool.PoolClosedError):
