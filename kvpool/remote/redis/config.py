@@ -22,9 +22,11 @@ from urllib.parse import unquote
 
 from kvpool.errors import FeatureUnavailableError, InvalidArgumentError
 
-__all__ = ["Target", "import_redis", "redact_url", "resolve_target", "scrub"]
+__all__ = ["Target", "import_redis", "redact_url", "resolve_target", "scrub", "url_secrets"]
 
-_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)([^/?#]*)@")
+# Every "scheme://userinfo@", not only the first: a URL may carry another in
+# its query (mooncake://master?metadata=redis://:password@host).
+_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)([^/?#\s]*)@")
 _SECRET_QUERY = re.compile(
     r"([?&;](?:[^=&;#]*(?:pass|pwd|token|secret|auth|key|cred)[^=&;#]*)=)([^&;#]*)", re.IGNORECASE
 )
@@ -55,8 +57,20 @@ def redact_url(url: str) -> str:
 
     Works on malformed URLs too (no parsing that could fail).
     """
-    out = _USERINFO.sub(lambda m: m.group(1) + "***@", url, count=1)
+    out = _USERINFO.sub(lambda m: m.group(1) + "***@", url)
     return _SECRET_QUERY.sub(lambda m: m.group(1) + "***", out)
+
+
+def url_secrets(url: str) -> tuple[str, ...]:
+    """The secrets ``url`` carries (user information, secret-looking query values).
+
+    As written and percent-decoded, for :func:`scrub` to remove from texts
+    that may quote them (an error from a server or a library).
+    """
+    found = [m.group(2) for m in _USERINFO.finditer(url)]
+    found += [m.group(2) for m in _SECRET_QUERY.finditer(url)]
+    parts = {piece for text in found for piece in (text, *text.split(":", 1)) if piece}
+    return tuple(sorted(parts | {unquote(p) for p in parts}, key=len, reverse=True))
 
 
 def scrub(text: str, secrets: tuple[str, ...]) -> str:
