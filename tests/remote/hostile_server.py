@@ -7,8 +7,14 @@ hash format of earlier versions (``MULTI``/``EXEC``, ``HSET``, ``HMGET``,
 ``HGET``, ``HSTRLEN``), so that every attack can be replayed against the
 code before and after a fix.  A test installs a *rule* for a command
 name; the rule sees the command and the honest reply and returns what to
-send instead: bytes, :class:`Trickle` (bytes sent one at a time, slowly)
-or :data:`CLOSE`.
+send instead: bytes (``b""``: answer nothing, keep the connection open),
+:class:`Trickle` (bytes sent one at a time, slowly), :class:`Cut` (some
+bytes, then the connection closed) or :data:`CLOSE`.  A *greeting* sent
+on every new connection before anything is read (e.g. a trickle where a
+TLS server's hello should come) and :meth:`HostileServer.drop_clients`
+(every open connection closed, so the stores must open new ones) test
+the way connections are opened.  ``CLUSTER SLOTS`` is answered with this
+server as the only master, so a cluster store can be pointed at it too.
 
 Nothing here can hang a test: the server stops trickling after
 ``Trickle.max_seconds``, every client thread ends when its socket closes,
@@ -26,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["CLOSE", "HostileServer", "Trickle", "bounded", "bulk", "encode"]
+__all__ = ["CLOSE", "Cut", "HostileServer", "Trickle", "bounded", "bulk", "encode"]
 
 
 @dataclass
@@ -42,6 +48,13 @@ class Trickle:
     max_seconds: float = 4.0
     prefix: bytes = b""
     sent: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass
+class Cut:
+    """Send ``data`` at once, then close the connection (a reply cut off in the middle)."""
+
+    data: bytes
 
 
 #: A rule's answer: close the connection without replying.
@@ -117,17 +130,26 @@ class _Parser:
 class HostileServer:
     """A Redis-protocol server on a free loopback port, with rules that lie.
 
+    Args:
+        greeting: sent on every new connection before anything is read
+            (bytes or a :class:`Trickle`); None: nothing.
+
     Attributes:
         data: the keyspace (bytes -> bytes for strings, dict for hashes).
         rules: command name (upper-case bytes) -> rule.
+        fallback: the rule of every command without one of its own (None:
+            answer honestly).
         log: every command received, in order.
+        greeting: as the argument (may be changed between connections).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, greeting: bytes | Trickle | None = None) -> None:
+        self.greeting = greeting
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
         self.data: dict[bytes, Any] = {}
         self.rules: dict[bytes, Rule] = {}
+        self.fallback: Rule | None = None
         self.log: list[list[bytes]] = []
         self.connections = 0
         self._stop = threading.Event()
@@ -144,6 +166,14 @@ class HostileServer:
     def rule(self, name: bytes, fn: Rule) -> None:
         """Answer command ``name`` with ``fn(args, honest_reply)``."""
         self.rules[name.upper()] = fn
+
+    def drop_clients(self) -> None:
+        """Close every connection open now (the stores' pooled ones with them)."""
+        with self._lock:
+            clients = list(self._clients)
+        for client in clients:
+            with contextlib.suppress(OSError):
+                client.shutdown(socket.SHUT_RDWR)
 
     def once(self, name: bytes, fn: Rule) -> None:
         """Like :meth:`rule`, for the next such command only."""
@@ -175,6 +205,8 @@ class HostileServer:
         queued: list[list[bytes]] | None = None
         client.settimeout(0.2)
         try:
+            if self.greeting is not None and not self._send(client, self.greeting):
+                return
             while not self._stop.is_set():
                 try:
                     chunk = client.recv(1 << 20)
@@ -198,7 +230,7 @@ class HostileServer:
                         out = b"*%d\r\n" % len(replies) + b"".join(replies)
                     else:
                         out = self._honest(args)
-                    rule = self.rules.get(name)
+                    rule = self.rules.get(name, self.fallback)
                     if rule is not None:
                         out = rule(args, out)
                     if not self._send(client, out):
@@ -211,6 +243,10 @@ class HostileServer:
 
     def _send(self, client: socket.socket, out: Any) -> bool:
         if out is CLOSE:
+            client.close()
+            return False
+        if isinstance(out, Cut):
+            client.sendall(out.data)
             client.close()
             return False
         if isinstance(out, Trickle):
@@ -240,6 +276,8 @@ class HostileServer:
                 if proto == 3:
                     return b"%1\r\n$5\r\nproto\r\n:3\r\n"
                 return b"*2\r\n$5\r\nproto\r\n:2\r\n"
+            if name == b"CLUSTER" and args[1].upper() == b"SLOTS":
+                return encode([[0, 16383, [b"127.0.0.1", self.port, b"hostile"]]])
             if name == b"PING":
                 return bulk(args[1]) if len(args) > 1 else b"+PONG\r\n"
             if name == b"SET":

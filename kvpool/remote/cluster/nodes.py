@@ -264,10 +264,20 @@ class ClusterNodes:
         self._map = found
         return True
 
-    def no_map(self, last: BaseException | None) -> StoreConnectionError:
-        """The error of a refresh no node answered (``last``: the last node's error)."""
+    def no_map(self, last: BaseException | None) -> StoreConnectionError | StoreTimeoutError:
+        """The error of a refresh no node answered (``last``: the last node's error).
+
+        A :class:`StoreTimeoutError` when the last node tried timed out (the
+        nodes share the call's deadline: once it passed, every node left
+        times out too), else a :class:`StoreConnectionError`.
+        """
+        if isinstance(last, StoreTimeoutError):
+            return StoreTimeoutError(
+                f"{self.label}: could not read the slot map (CLUSTER SLOTS) from any node in time "
+                f"({last})"
+            )
         return StoreConnectionError(
-            f"{self.label}: no node answered CLUSTER SLOTS with a slot map ({last})"
+            f"{self.label}: could not read the slot map (CLUSTER SLOTS) from any node ({last})"
         )
 
     def _ask_slots(self, address: Address, deadline: float) -> SlotMap:
