@@ -30,7 +30,7 @@ EXPECTED = {
 # Run by their own tests elsewhere (named here so the inventory test knows them).
 ELSEWHERE = {
     "_chunks.py": "a helper module the store examples import, not an example",
-    "lmcache_remote_plugin.py": "needs LMCache: run by the compat suite (make compat)",
+    "lmcache_remote_plugin.py": "needs LMCache: tests/compat/test_remote_plugin_example.py runs it",
 }
 # What no successful run may print on stderr.
 FAULTS = ("Traceback", "freed while views", "reclaiming <", "LeakedHandleWarning", "Error")
@@ -61,6 +61,11 @@ def run_example(
 
 def test_every_example_is_run_by_a_test() -> None:
     scripts = {p.name for p in EXAMPLES.glob("*.py")}
+    compat = Path(__file__).resolve().parents[1] / "compat"
+    for name, why in ELSEWHERE.items():
+        runner = why.partition("tests/compat/")[2].partition(" ")[0]
+        if runner:  # the test named must exist and name the example
+            assert name in (compat / runner).read_text(), f"{runner} does not run {name}"
     untested = scripts - set(EXPECTED) - set(ELSEWHERE)
     assert not untested, f"examples no test runs: {sorted(untested)}; add them to EXPECTED"
     missing = set(EXPECTED) - scripts
