@@ -303,9 +303,7 @@ class ClusterCommon(RedisCommon):
         self._raise_first(results)
         for reply in results:
             if isinstance(reply, ErrorReply):
-                raise RemoteStoreError(
-                    f"{action} on {self.server}: the server answered: {reply.text}"
-                )
+                raise self._refused(reply, action, None)
         return results
 
     def _exists_op(self, kbs: list[bytes]) -> Op:

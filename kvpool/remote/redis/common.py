@@ -199,7 +199,7 @@ class RedisCommon:
         return exc
 
     def _refused(self, reply: ErrorReply, action: str, kb: bytes | None) -> RemoteStoreError:
-        return RemoteStoreError(f"{self._where(action, kb)}: the server answered: {reply.text}")
+        return wire.refusal(reply, self._where(action, kb))
 
     def _px_for(self, ttl: float | None) -> int | None:
         return self._px if ttl is None else wire.ttl_ms(ttl)

@@ -86,6 +86,7 @@ __all__ = [
     "read_head",
     "read_ok",
     "read_sentinel",
+    "refusal",
     "sentinel_command",
     "set_parts",
     "ttl_ms",
@@ -179,7 +180,7 @@ def read_sentinel(
     elif line[:1] == b"-":
         error = ErrorReply(line[1:501].decode("utf-8", errors="replace"))
         if error.code in AUTH_CODES:
-            raise _refusal(error, where)
+            raise refusal(error, where)
         raise RemoteStoreError(
             f"{where}: the server answered {error.text!r} where the echo of the end-of-call "
             "PING was due (PING refused, or a reply out of step); the connection was dropped"
@@ -245,7 +246,14 @@ def credentials_refused(text: str) -> str:
     )
 
 
-def _refusal(error: ErrorReply, where: str) -> RemoteStoreError:
+def refusal(error: ErrorReply, where: str) -> RemoteStoreError:
+    """The error for a command the server refused (``where`` names the call).
+
+    Credentials (``NOAUTH``, ``WRONGPASS``, ``NOPERM``): a
+    :class:`StoreConnectionError` naming the fix; ``WRONGTYPE``: a
+    :class:`CorruptEntryError` (the key holds no kvpool entry); anything
+    else a :class:`RemoteStoreError` quoting the server.
+    """
     if error.code in AUTH_CODES:
         return StoreConnectionError(f"{where}: {credentials_refused(error.text)}")
     if error.code == "WRONGTYPE":
@@ -334,7 +342,7 @@ def read_entry(
         line = yield from reader.line()
         if line[:1] != b"$":
             if line[:1] == b"-":
-                raise _refusal(ErrorReply(line[1:501].decode("utf-8", errors="replace")), where)
+                raise refusal(ErrorReply(line[1:501].decode("utf-8", errors="replace")), where)
             raise ProtocolError(f"{where}: unexpected reply {line[:40]!r} to GET")
         total = parse_length(line, "value", _LONGEST)
         if total < 0:
@@ -399,7 +407,7 @@ def read_head(
     data = yield from reader.reply()
     for reply in (exists, strlen, data):
         if isinstance(reply, ErrorReply):
-            raise _refusal(reply, where)
+            raise refusal(reply, where)
     if not isinstance(data, bytes):
         raise ProtocolError(f"{where}: unexpected reply {data!r:.40} to GETRANGE")
     if not exists:
