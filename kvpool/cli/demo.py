@@ -68,6 +68,7 @@ def run_demo(args: argparse.Namespace) -> int:
     from kvpool.errors import KVPoolError
     from kvpool.formats import MemoryFormat
     from kvpool.remote import open_store
+    from kvpool.remote.redis.config import redact_url, scrub, url_secrets
 
     out = sys.stdout
     size = args.size or max(2 * args.chunks * CHUNK_BYTES, 64 << 20)
@@ -83,6 +84,9 @@ def run_demo(args: argparse.Namespace) -> int:
     if spec is None:
         tmpdir = _default_store_dir()
         spec = tmpdir
+    # What the demo prints names the store without its password (text, JSON, errors).
+    shown = redact_url(str(spec))
+    secrets = url_secrets(str(spec))
     rss_before = rss_bytes()
     kwargs: dict[str, Any] = {}
     if args.numa_node is not None:
@@ -104,7 +108,7 @@ def run_demo(args: argparse.Namespace) -> int:
                 + (f", shm_name={info['shm_name']}" if info.get("shm_name") else ""),
                 file=out,
             )
-            show(f"store: {spec}", file=out)
+            show(f"store: {shown}", file=out)
             keys = [f"demo-chunk-{i}" for i in range(args.chunks)]
             with Progress(total=4 * args.chunks, label="filling chunks") as bar:
                 chunks = []
@@ -147,7 +151,10 @@ def run_demo(args: argparse.Namespace) -> int:
             try:
                 store.batched_delete(keys)
             except KVPoolError as exc:  # e.g. a Mooncake read lease outlasting the timeout
-                print(f"kvpool demo: not all its entries were deleted: {exc}", file=sys.stderr)
+                print(
+                    f"kvpool demo: not all its entries were deleted: {scrub(str(exc), secrets)}",
+                    file=sys.stderr,
+                )
             total = args.chunks * CHUNK_BYTES
             result = DemoResult(
                 chunks=args.chunks,
@@ -159,10 +166,10 @@ def run_demo(args: argparse.Namespace) -> int:
                 rss_after=rss_bytes(),
                 pool=info,
                 stats=asdict(stats),
-                store=str(spec),
+                store=shown,
             )
     except (KVPoolError, OSError, ValueError) as exc:
-        print(f"kvpool demo: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"kvpool demo: {type(exc).__name__}: {scrub(str(exc), secrets)}", file=sys.stderr)
         return 1
     finally:
         if tmpdir is not None:
