@@ -5,9 +5,15 @@ started on loopback (:mod:`kvpool.cli.bench.localservers`).  32 KV chunks
 of 2 MiB (``[2, 16, 256, 128]`` bfloat16, ``KV_2LTD``) live in
 :class:`kvpool.MixedMemoryAllocator` pools; a round is one
 ``batched_put`` of the 32 chunks and one ``batched_get`` of them into new
-objects (verified byte for byte, then freed).  A trial is one round per
-store (``--scale`` multiplies the rounds), so ``--repeat N`` gives N
-rounds of each store, the two variants' rounds interleaved.
+objects (verified byte for byte, then freed).
+
+A trial measures one store (the next one, in turn: cluster, Mooncake,
+Mooncake headerless) with both variants back to back, in alternating
+order, one round each (``--scale`` multiplies the rounds): the two
+rounds compared are next to each other in time, so a burst of load on
+the machine hits both.  ``--repeat N`` thus gives each store N / 3
+rounds per variant: ``--repeat 15`` for 5 (each metric's trials are its
+store's).
 
 * subject: the asyncio stores, awaited on one event loop -
   :class:`~kvpool.remote.AsyncRedisClusterStore` (one task per master on
@@ -19,8 +25,7 @@ rounds of each store, the two variants' rounds interleaved.
 So each ratio is the price (or gain) of the asyncio path for the same
 store and the same server.  Besides the table's ratios (best against
 best, median against median), ``info["paired_ratio_median"]`` is the
-median over trials of each trial's own ratio (its two rounds run back to
-back, so a burst of load on the machine hits both), and
+median over trials of each trial's own ratio, and
 ``info["client_cpu_ms_median"]`` the CPU time this process spent per
 batched call (all its threads: the asyncio Mooncake store's work is in
 its threads), which load on the machine disturbs far less than the
@@ -29,7 +34,7 @@ pool is registered with one client once) and each kind its own client;
 Mooncake keys are new every round and removed after it (a Mooncake put
 keeps the first value of a key).  A missing server skips its half, with
 the reason in ``info``.  Run alone:
-``kvpool bench --only async_put_get --repeat 5``.
+``kvpool bench --only async_put_get --repeat 15``.
 """
 
 from __future__ import annotations
@@ -124,10 +129,13 @@ def _setup(settings: Settings) -> Case:
     payload = _payload(settings.seed)
     counter = itertools.count()
 
+    turns = {kind: itertools.cycle(list(sides[kind].items())) for kind in sides}
+
     def trial(kind: str) -> dict[str, float]:
         out: dict[str, float] = {}
         cpu: dict[str, float] = {}
-        for name, side in sides[kind].items():
+        # The k-th trial of each variant measures the same store: trial k of the runner.
+        for name, side in [next(turns[kind])]:
             put_s = get_s = put_cpu = get_cpu = 0.0
             for _ in range(rounds):
                 keys = [f"bench-{next(counter)}-{i}" for i in range(_CHUNKS)]
@@ -154,8 +162,10 @@ def _setup(settings: Settings) -> Case:
         cpu_history[kind].append(cpu)
         return out
 
-    for kind in sides:  # warm-up: connections, registrations, server memory
-        trial(kind)
+    for _ in sides["async"]:  # warm-up of every store: connections, registrations, memory
+        for kind in sides:
+            trial(kind)
+    for kind in sides:
         history[kind].clear()
         cpu_history[kind].clear()
     names = list(sides["async"])
@@ -187,16 +197,13 @@ def _paired(
     info: dict[str, Any],
 ) -> None:
     """Figures of the trials for ``info`` (see the module docstring)."""
-    pairs = list(zip(history["async"], history["blocking"], strict=False))
-    if not pairs:
-        return
-    info["paired_ratio_median"] = {
-        key: round(statistics.median(a[key] / b[key] for a, b in pairs), 3) for key in pairs[0][0]
-    }
+    ratios: dict[str, list[float]] = {}
+    for a, b in zip(history["async"], history["blocking"], strict=False):
+        for key, value in a.items():
+            ratios.setdefault(key, []).append(value / b[key])
+    info["paired_ratio_median"] = {k: round(statistics.median(v), 3) for k, v in ratios.items()}
     info["client_cpu_ms_median"] = {
-        kind: {
-            key: round(statistics.median(trial[key] for trial in trials), 2) for key in trials[0]
-        }
+        kind: {k: round(statistics.median(t[k] for t in trials if k in t), 2) for k in ratios}
         for kind, trials in cpu_history.items()
     }
 
