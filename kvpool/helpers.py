@@ -128,13 +128,20 @@ def _get_cached_ubyte_array_type(num_bytes: int) -> type[ctypes.Array[ctypes.c_u
     The reference caches every size forever (about 3 KB per distinct size,
     the "W5b" growth); here at most :data:`UBYTE_TYPE_CACHE_SIZE` types are
     kept, so memory stays flat.  kvpool's own ``byte_array`` needs no ctypes
-    type at all (it slices a memoryview).
+    type at all (it slices a memoryview).  Like LMCache's (a ``functools``
+    cache) it has ``cache_info()`` and ``cache_clear()``.
 
     Raises:
         InvalidArgumentError: ``num_bytes`` is not an int in ``[0, 2**63 - 1]``
             (what a ctypes array can count).
     """
     return _cached_array_type(check_int("num_bytes", num_bytes, low=0, high=MAX_LAYOUT_BYTES))
+
+
+# LMCache's helper is a functools cache, whose cache_info() its tests read to
+# prove that byte_array creates no array types: the same cache API here.
+_get_cached_ubyte_array_type.cache_info = _cached_array_type.cache_info  # type: ignore[attr-defined]
+_get_cached_ubyte_array_type.cache_clear = _cached_array_type.cache_clear  # type: ignore[attr-defined]
 
 
 # -- pinned alloc/free pairs -------------------------------------------
