@@ -35,7 +35,8 @@ Commands and replies:
   returns - seen here within a few rounds.)  The chunks read
   back are compared byte for byte (untimed) and released, and the keys
   are dropped from the local CPU backend.  Reply ``{"put_s", "get_s",
-  "missing", "wrong"}`` or ``{"error": why}``.
+  "missing", "wrong"}`` (with ``"log"``, what LMCache logged, when a
+  chunk is missing or wrong) or ``{"error": why}``.
 * ``{"op": "stop"}`` - close every manager, each in a thread, all within
   ``close_s`` seconds; reply ``{"closed": {name: "ok" | why}}`` and exit
   at once, without waiting for a close that hangs (LMCache 0.5.6's
@@ -199,12 +200,11 @@ class Contender:
                 wrong += 1
             g.ref_count_down()
         self.manager.batched_remove(keys, locations=["LocalCPUBackend"])
-        return {
-            "put_s": put_done - start,
-            "get_s": get_done - put_done,
-            "missing": missing,
-            "wrong": wrong,
-        }
+        reply = {"put_s": put_done - start, "get_s": get_done - put_done}
+        reply.update(missing=missing, wrong=wrong)
+        if missing or wrong:
+            reply["log"] = _log_since(offset) or "LMCache logged nothing"
+        return reply
 
     def close_now(self) -> None:
         """Close the manager (may hang on LMCache's Redis connectors: call it in a thread)."""

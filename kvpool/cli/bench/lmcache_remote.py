@@ -287,7 +287,7 @@ class Harness:
         if "error" not in reply and (reply["missing"] or reply["wrong"]):
             reply = {
                 "error": f"a get returned {reply['missing']} of {self.chunks} chunks missing "
-                f"and {reply['wrong']} with other bytes than were put"
+                f"and {reply['wrong']} with other bytes than were put; {reply.get('log', '')}"
             }
         self.stack.wipe(contender.store)
         if "error" in reply:
@@ -346,6 +346,8 @@ def summarize(harness: Harness, samples: dict[str, Any]) -> dict[str, Any]:
                 "kvpool_s": km,
                 "lmcache_s": lm,
                 "ratio": ratio,
+                # the fastest rounds, the least disturbed on a busy machine
+                "ratio_best": min(lmc) / min(k) if k and lmc else None,
                 "met": None if ratio is None else ratio >= pair.target,
                 "rounds": [len(k), len(lmc)],
             }
@@ -372,8 +374,8 @@ def format_report(result: dict[str, Any]) -> str:
         f"{CHUNK_BYTES >> 20} MiB bf16 KV_2LTD per round, median of {s['rounds']} interleaved "
         f"rounds (+1 warm-up), {s['memory']} memory; ratio = LMCache s / kvpool s",
     ]
-    head = ("pair", "LMCache connector", "put LMC", "put kvp", "put x", "get LMC", "get kvp",
-            "get x", "target")  # fmt: skip
+    head = ("pair", "LMCache connector", "put LMC", "put kvp", "put x", "(best)", "get LMC",
+            "get kvp", "get x", "(best)", "target")  # fmt: skip
     rows = [head]
     for key, row in result["pairs"].items():
         put, get = row["put"], row["get"]
@@ -381,8 +383,9 @@ def format_report(result: dict[str, Any]) -> str:
         verdict = "" if not marks else ("met" if all(marks) else "NOT met")
         rows.append(
             (key, row["label"], _cell(put["lmcache_s"]), _cell(put["kvpool_s"]),
-             _cell(put["ratio"], "x"), _cell(get["lmcache_s"]), _cell(get["kvpool_s"]),
-             _cell(get["ratio"], "x"), f">={row['target']:g}x {verdict}".rstrip())
+             _cell(put["ratio"], "x"), _cell(put["ratio_best"], "x"), _cell(get["lmcache_s"]),
+             _cell(get["kvpool_s"]), _cell(get["ratio"], "x"), _cell(get["ratio_best"], "x"),
+             f">={row['target']:g}x {verdict}".rstrip())
         )  # fmt: skip
     widths = [max(len(r[c]) for r in rows) for c in range(len(head))]
     for r in rows:
@@ -392,7 +395,10 @@ def format_report(result: dict[str, Any]) -> str:
                 for i, (c, w) in enumerate(zip(r, widths, strict=True))
             ).rstrip()
         )
-    lines.append("(seconds per round of every chunk; put = until the remote holds every key)")
+    lines.append(
+        "(medians, in seconds per round of every chunk; put = until the remote holds every key; "
+        "(best) = the ratio of the fastest rounds; 'met' reads the median ratios)"
+    )
     errors = {n: e for row in result["pairs"].values() for n, e in row.get("errors", {}).items()}
     for name, why in errors.items():
         lines.append(f"not measured: {name}: {why}")
