@@ -8,6 +8,7 @@ under :func:`bounded`, so a store that would hang fails instead.
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import struct
 import tracemalloc
@@ -24,7 +25,7 @@ from kvpool.errors import (
     StoreConnectionError,
     StoreTimeoutError,
 )
-from kvpool.remote import RedisStore
+from kvpool.remote import AsyncRedisStore, RedisClusterStore, RedisStore
 
 from .conftest import KV_DTYPE, KV_FMT, KV_SHAPE, assert_clean, fill
 from .hostile_server import CLOSE, HostileServer, Trickle, bounded
@@ -213,14 +214,16 @@ def _late_duplicate(server: HostileServer) -> None:
 def test_duplicated_reply_frame_never_shifts_later_replies(
     hostile: HostileServer, store: RedisStore, pool: kvpool.TensorMemoryAllocator
 ) -> None:
-    data_a = _put(store, pool, "a", 1)
+    _put(store, pool, "a", 1)
     data_b = _put(store, pool, "b", 2)
     dup = lambda args, honest: honest + honest  # noqa: E731 - the rule
     hostile.once(b"GET", dup)
     hostile.once(b"HMGET", dup)
-    got = bounded(lambda: store.get("a", pool, KV_SHAPE, KV_DTYPE, KV_FMT))
-    assert got is not None and bytes(got.byte_array) == data_a
-    got.ref_count_down()
+    # The copy comes where the end-of-call marker's echo is due: the call
+    # cannot tell which of the two was its answer, so it fails.
+    with pytest.raises(RemoteStoreError, match="out of step"):
+        bounded(lambda: store.get("a", pool, KV_SHAPE, KV_DTYPE, KV_FMT))
+    assert_clean(pool)
     for _ in range(3):  # the copy waiting on the socket is never read as b's reply
         got = bounded(lambda: store.get("b", pool, KV_SHAPE, KV_DTYPE, KV_FMT))
         assert got is not None and bytes(got.byte_array) == data_b
@@ -273,6 +276,122 @@ def test_duplicated_count_reply_fails_the_call(hostile: HostileServer, store: Re
     with pytest.raises(RemoteStoreError, match="out of step"):
         bounded(lambda: store.batched_exists(["a", "none"]))
     assert bounded(lambda: store.batched_exists(["a", "none"])) == [True, False]
+
+
+def _late_copy(server: HostileServer, name: bytes, first: Callable[[bytes], bytes]) -> None:
+    """The next ``name`` is answered ``first(honest)``; the one after it gets that reply again.
+
+    The copy arrives in front of the second command's own reply, after the
+    check for unread bytes made before that command was sent: only the
+    call's own reading can tell.
+    """
+    frames: list[bytes] = []
+
+    def rule(args: list[bytes], honest: bytes) -> bytes:
+        if not frames:
+            frames.append(first(honest))
+            return frames[0]
+        server.rules.pop(name, None)
+        return frames[0] + honest
+
+    server.rule(name, rule)
+
+
+def test_late_copy_of_an_exists_reply_is_never_the_answer(
+    hostile: HostileServer, store: RedisStore
+) -> None:
+    hostile.data[b"h:a"] = b"x"
+    _late_copy(hostile, b"EXISTS", lambda honest: honest)
+    assert bounded(lambda: store.exists("a")) is True
+    # ":1" (a's) comes first: read as the answer, "missing" would exist.
+    with pytest.raises(RemoteStoreError, match="out of step"):
+        bounded(lambda: store.exists("missing"))
+    assert bounded(lambda: store.exists("missing")) is False
+
+
+def test_late_copy_of_an_ok_never_reports_a_refused_put_as_stored(
+    hostile: HostileServer, store: RedisStore, pool: kvpool.TensorMemoryAllocator
+) -> None:
+    oom = b"-OOM command not allowed when used memory > 'maxmemory'.\r\n"
+    _put(store, pool, "a", 1)
+    _late_copy(hostile, b"SET", lambda honest: honest)
+    _put(store, pool, "b", 2)
+    hostile.once(b"SET", lambda args, honest: b"+OK\r\n" + oom)  # a copy, then the refusal
+    src = pool.allocate(KV_SHAPE, KV_DTYPE, KV_FMT)
+    fill(src, 3)
+    with pytest.raises(RemoteStoreError, match="OOM"):
+        bounded(lambda: store.put("c", src))
+    src.ref_count_down()
+    assert_clean(pool)
+
+
+def test_late_copy_of_a_miss_is_never_the_answer(
+    hostile: HostileServer, store: RedisStore, pool: kvpool.TensorMemoryAllocator
+) -> None:
+    data = _put(store, pool, "a", 1)
+    _late_copy(hostile, b"GET", lambda honest: honest)
+    assert bounded(lambda: store.get("missing", pool, KV_SHAPE, KV_DTYPE, KV_FMT)) is None
+    # "$-1" (the miss) comes first: read as the answer, "a" would be missing.
+    for call in (
+        lambda: store.get("a", pool, KV_SHAPE, KV_DTYPE, KV_FMT),
+        lambda: store.get("a", pool),
+    ):
+        hostile.once(b"GET", lambda args, honest: b"$-1\r\n" + honest)
+        with pytest.raises(RemoteStoreError, match="out of step"):
+            bounded(call)
+        assert_clean(pool)
+    got = bounded(lambda: store.get("a", pool))
+    assert got is not None and bytes(got.byte_array) == data
+    got.ref_count_down()
+
+
+def test_late_copy_of_a_delete_reply_is_never_the_answer(
+    hostile: HostileServer, store: RedisStore
+) -> None:
+    hostile.data[b"h:a"] = b"x"
+    _late_copy(hostile, b"DEL", lambda honest: honest)
+    assert bounded(lambda: store.delete("a")) is True
+    with pytest.raises(RemoteStoreError, match="out of step"):
+        bounded(lambda: store.delete("missing"))
+
+
+def test_late_copies_with_the_async_store(
+    hostile: HostileServer, pool: kvpool.TensorMemoryAllocator
+) -> None:
+    hostile.data[b"h:a"] = b"x"
+
+    async def scenario() -> None:
+        store = AsyncRedisStore(hostile.url, prefix="h:", timeout=2.0)
+        _late_copy(hostile, b"EXISTS", lambda honest: honest)
+        assert await store.exists("a") is True
+        with pytest.raises(RemoteStoreError, match="out of step"):
+            await store.exists("missing")
+        assert await store.exists("missing") is False
+        src = pool.allocate(KV_SHAPE, KV_DTYPE, KV_FMT)
+        fill(src, 1)
+        await store.put("b", src)
+        hostile.once(b"SET", lambda args, honest: b"+OK\r\n-OOM out of memory\r\n")
+        with pytest.raises(RemoteStoreError, match="OOM"):
+            await store.put("c", src)
+        hostile.once(b"GET", lambda args, honest: b"$-1\r\n" + honest)
+        with pytest.raises(RemoteStoreError, match="out of step"):
+            await store.get("b", pool, KV_SHAPE, KV_DTYPE, KV_FMT)
+        src.ref_count_down()
+        await store.aclose()
+
+    bounded(lambda: asyncio.run(scenario()), 30)
+    assert_clean(pool)
+
+
+def test_late_copy_with_the_cluster_store(hostile: HostileServer) -> None:
+    store = RedisClusterStore(f"redis-cluster://127.0.0.1:{hostile.port}", prefix="h:")
+    hostile.data[b"h:a"] = b"x"
+    _late_copy(hostile, b"EXISTS", lambda honest: honest)
+    assert bounded(lambda: store.exists("a")) is True
+    with pytest.raises(RemoteStoreError, match="out of step"):
+        bounded(lambda: store.exists("missing"))
+    assert bounded(lambda: store.exists("missing")) is False
+    store.close()
 
 
 def test_error_drops_the_connection_and_the_next_call_works(

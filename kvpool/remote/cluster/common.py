@@ -162,9 +162,16 @@ def lane_window(window: int, lanes: int) -> int:
 
 
 def lane_failed(out: list[Any], idx: list[int], error: BaseException, results: list[Any]) -> None:
-    """A failed lane's items get what was read before the failure, the rest ``error``."""
+    """A failed lane's items get ``error``, but for the entries read before the failure.
+
+    An entry (a :class:`MemoryObj`, its key tag checked) proves whose reply
+    it was; a count, an ``+OK`` or a miss read before the lane's end-of-call
+    marker may be a late copy of another command's reply (the marker is
+    what would have told), so those items fail too.
+    """
     for j, i in enumerate(idx):
-        results[i] = out[j] if j < len(out) else error
+        value = out[j] if j < len(out) else None
+        results[i] = value if isinstance(value, MemoryObj) else error
 
 
 class ClusterCommon(RedisCommon):

@@ -32,7 +32,7 @@ from kvpool.pool.interface import MemoryAllocatorInterface
 from kvpool.pool.objects import MemoryObj
 from kvpool.remote.base import Key, key_bytes
 from kvpool.remote.header import Layout, key_tag
-from kvpool.remote.objects import encode_entry
+from kvpool.remote.objects import discard, encode_entry
 from kvpool.remote.redis.config import Target, import_redis, resolve_target, scrub
 from kvpool.remote.redis.connection import pipelined
 from kvpool.remote.redis.opener import HandshakeRefused, connector
@@ -229,23 +229,26 @@ class RedisCommon:
         return wire.set_parts(rkey, header, view, px)
 
     def _put_plan(self, kbs: Sequence[bytes], objs: Sequence[MemoryObj], px: int | None) -> Plan:
-        """``SET`` of each object (windowed; several end with the end-of-call marker).
+        """``SET`` of each object (windowed), then the end-of-call marker (``wire``).
 
         The plan returns the server's refusals, one per key (None: stored).
         """
         commands = [self._set_parts(kb, obj, px) for kb, obj in zip(kbs, objs, strict=True)]
+        nonce = wire.new_nonce()
+        commands[-1].append(wire.sentinel_command(nonce))
         if len(commands) == 1:
             command = commands[0]
+            where = self._where("put", kbs[0])
 
             def single(reader: Reader) -> Steps:
                 yield Send(command)
-                return [(yield from wire.read_ok(reader))]
+                refused = yield from wire.read_ok(reader)
+                yield from wire.read_sentinel(reader, nonce, where)
+                return [refused]
 
             return single
-        nonce = wire.new_nonce()
         where = self._where("batched_put", kbs[0])
         window = self._window_for(sum(c[1].nbytes for c in commands) // len(commands))
-        commands[-1].append(wire.sentinel_command(nonce))
 
         def plan(reader: Reader) -> Steps:
             replies: list[Any] = []
@@ -271,13 +274,20 @@ class RedisCommon:
     ) -> Plan:
         """``GET``, read straight into a new object; the plan returns it (or None)."""
         rkey = self._prefix + kb
-        cmd = (wire.get_command(rkey),)
+        nonce = wire.new_nonce()
+        cmd = (wire.get_command(rkey), wire.sentinel_command(nonce))
         tag = key_tag(rkey)
         where = self._where("get", kb)
 
         def plan(reader: Reader) -> Steps:
             yield Send(cmd)
-            return (yield from wire.read_entry(reader, where, tag, allocator, layout, fmt))
+            obj = yield from wire.read_entry(reader, where, tag, allocator, layout, fmt)
+            try:
+                yield from wire.read_sentinel(reader, nonce, where)
+            except BaseException:
+                discard(obj)
+                raise
+            return obj
 
         return plan
 
@@ -326,22 +336,24 @@ class RedisCommon:
         return plan
 
     def _count_plan(self, action: str, commands: list[bytes], what: str, first: bytes) -> Plan:
-        """Commands answered by counts (windowed; several end with the marker).
+        """Commands answered by counts (windowed), then the end-of-call marker.
 
         The plan returns the counts (or refusals), one per command.
         """
+        nonce = wire.new_nonce()
+        where = self._where(action, first)
         if len(commands) == 1:
-            command = (commands[0],)
+            command = (commands[0], wire.sentinel_command(nonce))
 
             def single(reader: Reader) -> Steps:
                 yield Send(command)
-                return [(yield from wire.read_count(reader, what))]
+                count = yield from wire.read_count(reader, what)
+                yield from wire.read_sentinel(reader, nonce, where)
+                return [count]
 
             return single
-        nonce = wire.new_nonce()
         parts: list[tuple[bytes, ...]] = [(c,) for c in commands]
         parts[-1] = (commands[-1], wire.sentinel_command(nonce))
-        where = self._where(action, first)
 
         def plan(reader: Reader) -> Steps:
             replies: list[Any] = []
@@ -382,8 +394,10 @@ class RedisCommon:
         def plan(reader: Reader) -> Steps:
             length = wire.HEAD_READ
             for _ in range(2):
-                yield Send((wire.head_commands(rkey, length),))
+                nonce = wire.new_nonce()
+                yield Send((wire.head_commands(rkey, length), wire.sentinel_command(nonce)))
                 info = yield from wire.read_head(reader, where, tag)
+                yield from wire.read_sentinel(reader, nonce, where)
                 if not isinstance(info, int):
                     return info
                 length = info  # a header longer than the first read

@@ -258,6 +258,20 @@ class Reader:
                 raise ProtocolError(f"reply line longer than {self.limits.max_line} bytes")
             yield FILL
 
+    def take(self, expected: bytes) -> bool:
+        """Consume ``expected`` if the buffered bytes start with it; True when they did.
+
+        Never waits: a fast path for a reply known in advance (the
+        end-of-call marker's echo), which mostly arrives with the reply
+        before it.  False leaves the buffer as it was.
+        """
+        start = self._start
+        end = start + len(expected)
+        if end <= self._end and self._mv[start:end] == expected:
+            self._start = end
+            return True
+        return False
+
     def read_into(self, view: memoryview) -> Generator[Want, None, None]:
         """Fill ``view`` (a writable byte view) with the next ``len(view)`` bytes."""
         want = view.nbytes

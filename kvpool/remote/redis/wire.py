@@ -25,15 +25,16 @@ of the Redis key) followed by the object's bytes.
   so (``GET`` on a hash fails with ``WRONGTYPE``): delete them or put
   them again.
 
-A call with several replies that carry nothing to check (a batch of
-``SET``, ``EXISTS`` or ``DEL``) ends with a ``PING <nonce>`` *sentinel*;
-its echo must come back exactly where expected, else a reply was
-duplicated or lost and the call fails instead of reporting another
-command's answer.  A single ``SET``/``EXISTS``/``DEL`` has one reply and
-no sentinel (it would cost the server a command per call): a duplicated
-reply is caught by the check for unread bytes before the connection's
-next use, and a server that lies about ``+OK`` could as well drop the
-value.
+Every call ends with a ``PING <nonce>`` *sentinel*, sent with its last
+command (the same ``sendmsg``: bytes, not a round trip): its echo must
+come back exactly where expected, else a reply was duplicated or lost and
+the call fails instead of reporting another command's answer.  A reply
+that carries no key tag - ``+OK`` to ``SET``, a count, a missing key's
+``$-1`` - cannot tell by itself whose it is: without the sentinel, a late
+copy of an earlier reply arriving just before the real one would be taken
+for it (a refused ``SET`` reported as stored, ``EXISTS`` true for a
+missing key).  The check for unread bytes before a connection's reuse
+catches only copies that arrived before the next command was sent.
 """
 
 from __future__ import annotations
@@ -171,6 +172,8 @@ def read_sentinel(
             earlier command (which of the two cannot be told).
         ProtocolError: something else came: a reply was duplicated or lost.
     """
+    if reader.take(b"$%d\r\n%b\r\n" % (len(nonce), nonce)):
+        return  # the echo came with the replies before it: no parsing
     line = yield from reader.line()
     if line == b"$%d" % len(nonce):
         echo = yield from reader.read_bytes(len(nonce))
