@@ -349,7 +349,7 @@ def read_entry(
             raise ProtocolError(f"{where}: unexpected reply {line[:40]!r} to GET")
         total = parse_length(line, "value", _LONGEST)
         if total < 0:
-            discard(obj)
+            discard(obj, view)
             return None
         header = yield from _read_header(reader, total, where)
         size = total - len(header)
@@ -384,8 +384,7 @@ def read_entry(
             if info.size != info.layout_size:
                 obj.set_used_size(info.size)
     except BaseException:
-        view = None
-        discard(obj)
+        discard(obj, view)
         raise
     return obj
 
