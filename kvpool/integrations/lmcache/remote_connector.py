@@ -200,7 +200,8 @@ class KVPoolConnector(RemoteConnector):
         try:
             if earlier:  # the entry a key ends with is its last put's
                 await asyncio.wait(earlier)
-            sent = [sendable(o) for o in objs]
+            for obj in objs:  # one by one: the views made before a refusal are ended below
+                sent.append(sendable(obj))
             if len(names) == 1 and op == "put":
                 await self.store.put(names[0], sent[0])
             else:
