@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import itertools
 import struct
 import tracemalloc
 from collections.abc import Callable, Iterator
@@ -342,6 +343,35 @@ def test_late_copy_of_a_miss_is_never_the_answer(
         assert_clean(pool)
     got = bounded(lambda: store.get("a", pool))
     assert got is not None and bytes(got.byte_array) == data
+    got.ref_count_down()
+
+
+def _miss_copy_before_reply(server: HostileServer, nth: int) -> None:
+    """The ``nth`` GET from now (1: the next) gets a copy of a miss (``$-1``) in front."""
+    seen: list[int] = []
+
+    def rule(args: list[bytes], honest: bytes) -> bytes:
+        seen.append(1)
+        return b"$-1\r\n" + honest if len(seen) == nth else honest
+
+    server.rule(b"GET", rule)
+
+
+def test_late_copy_of_a_miss_in_a_batch_is_never_the_answer(
+    hostile: HostileServer, store: RedisStore, pool: kvpool.TensorMemoryAllocator
+) -> None:
+    _put(store, pool, "a", 1)
+    data_b = _put(store, pool, "b", 2)
+    # The copy comes in front of the last key's reply: read as b's answer, b would
+    # be missing; b's own reply then stands where the end-of-call marker is due.
+    for keys, layout in itertools.product((["b"], ["a", "b"]), ((KV_SHAPE, KV_DTYPE, KV_FMT), ())):
+        _miss_copy_before_reply(hostile, len(keys))
+        with pytest.raises(RemoteStoreError, match="out of step"):
+            bounded(lambda: store.batched_get(keys, pool, *layout))  # noqa: B023
+        assert_clean(pool)
+    hostile.rules.clear()
+    (got,) = bounded(lambda: store.batched_get(["b"], pool))
+    assert got is not None and bytes(got.byte_array) == data_b
     got.ref_count_down()
 
 

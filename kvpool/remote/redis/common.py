@@ -299,10 +299,17 @@ class RedisCommon:
         fmt: MemoryFormat | None,
         out: list[MemoryObj | None],
     ) -> Plan:
-        """``GET`` of each key (windowed) into ``out`` (the caller frees it on error)."""
+        """``GET`` of each key (windowed), then the end-of-call marker, into ``out``.
+
+        The caller frees ``out`` on error.  The marker matters for misses:
+        a late copy of an earlier ``$-1`` carries no key tag.
+        """
         rkeys = [self._prefix + kb for kb in kbs]
         commands = [(wire.get_command(rkey),) for rkey in rkeys]
+        nonce = wire.new_nonce()
+        commands[-1] = (commands[-1][0], wire.sentinel_command(nonce))
         server = self.server
+        where = self._where("batched_get", kbs[0])
         count = len(commands)
         window_for = self._window_for
 
@@ -331,6 +338,7 @@ class RedisCommon:
                     window or 1,
                     out,
                 )
+            yield from wire.read_sentinel(reader, nonce, where)
             return out
 
         return plan
