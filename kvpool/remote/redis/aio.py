@@ -12,9 +12,9 @@ call's deadline.  No thread per call.
 Many tasks may call one store at once: each call takes a connection of
 its own (:class:`AsyncNodePool`, at most ``max_connections``), so many
 concurrent ``get`` calls run in parallel on as many connections.
-Connections are opened with the ``redis`` client's connection classes in
-a worker thread (connecting is rare; the options, ``AUTH``, ``SELECT``
-and TLS are those of ``redis-py``), then driven by the loop.
+Connections are opened by :mod:`kvpool.remote.redis.opener` in a worker
+thread (connecting is rare), within the call's deadline - which the loop
+also stops waiting at - then driven by the loop.
 
 Cancellation: a cancelled call closes its plan first - so a ``get``
 frees its destination even with half its bytes received - and then

@@ -3,9 +3,10 @@
 The entry format and the commands are those of :mod:`kvpool.remote.redis.wire`
 (one string key per entry: ``SET`` of header + bytes, ``GET`` read straight
 into the destination); the connections are kvpool's own
-(:mod:`kvpool.remote.redis.connection`), opened with the ``redis`` client's
-connection classes so that every URL option, ``AUTH``, ``SELECT`` and TLS
-work as they do in ``redis-py``.
+(:mod:`kvpool.remote.redis.connection`), opened by
+:mod:`kvpool.remote.redis.opener` within the call's deadline (socket, TLS,
+``AUTH``/``CLIENT SETNAME``/``SELECT``) from the options the ``redis``
+client reads in a URL or a client, so they mean what they mean there.
 
 How the bytes move:
 
