@@ -91,6 +91,21 @@ def test_a_missing_url_is_refused_at_start_up(tmp_path: Path, lmcache_backend_lo
     assert any("remote_storage_plugin.kvpool.url" in m for m in logged), logged
 
 
+def test_a_wrong_class_name_is_lmcaches_error_line(tmp_path: Path, lmcache_backend_log) -> None:
+    # What the docs tell a user to look for when the plugin did not load: LMCache
+    # logs the failed import and keeps a backend with no connection.
+    text = cases.config_text("redis://127.0.0.1:1/0").replace(
+        "class_name: KVPoolConnectorAdapter", "class_name: KVPoolAdapter"
+    )
+    manager = cases.make_manager(cases.load_config(text, tmp_path))
+    try:
+        assert manager.storage_backends[cases.BACKEND].connection is None
+    finally:
+        manager.close()
+    logged = [r.getMessage() for r in lmcache_backend_log.records if r.levelno >= logging.ERROR]
+    assert any("Failed to load remote connector kvpool" in m for m in logged), logged
+
+
 def test_an_unknown_option_is_refused_with_the_closest_name(tmp_path: Path) -> None:
     text = cases.config_text("redis://127.0.0.1:1/0", "remote_storage_plugin.kvpool.timout: 2")
     message = refusal(text, tmp_path)

@@ -23,10 +23,15 @@ Settings, under ``remote_storage_plugin.<instance>.`` in ``extra_config``:
 * Any keyword of that store's constructor, e.g. for Redis ``timeout``
   (seconds per call, 5.0), ``connect_timeout``, ``ttl`` (seconds, None),
   ``window`` (pipelined commands in flight), ``checksum`` (CRC-32 of each
-  chunk, False), ``prefix`` (``"kvpool:"``), ``max_connections``; for files
-  ``checksum``, ``durable``, ``threads``, ``reuse_files``...  The accepted
-  names are the store's own signature: a misspelt one is refused with the
-  closest name and the full list.
+  chunk, False), ``prefix`` (``"kvpool:"``), ``max_connections`` (the same
+  for ``redis-cluster://``); for files ``checksum``, ``durable``,
+  ``threads``, ``reuse_files``; for Mooncake ``threads``, ``timeout``,
+  ``segment_size``, ``local_buffer_size``, ``replicas``, ``prefix``,
+  ``headerless`` (also in the URL query, ``&headerless=1``: entries without
+  kvpool's header, as LMCache's ``save_chunk_meta: False``; it needs
+  ``save_unfull_chunk: False``).  The accepted names are the store's own
+  signature: a misspelt one is refused with the closest name and the full
+  list.
 
 A missing URL, an unknown option or a refused value raises
 :class:`PluginConfigError` while LMCache starts; LMCache logs it (an ERROR
