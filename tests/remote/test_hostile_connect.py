@@ -223,6 +223,9 @@ def test_cluster_store_trickled_handshake_and_slot_map(
 
 # -- a server that never answers -------------------------------------------
 
+#: The timeout of the stores that meet a silent server (every call waits it out).
+SILENT_TIMEOUT = 0.2
+
 
 @pytest.mark.parametrize("url", [HANDSHAKES[b"AUTH"], "redis://127.0.0.1:{port}/0"])
 def test_silent_server_every_call_ends_within_timeout(
@@ -231,21 +234,21 @@ def test_silent_server_every_call_ends_within_timeout(
     hostile.fallback = _silent
     src = pool.allocate(KV_SHAPE, KV_DTYPE, KV_FMT)
     address = url.format(port=hostile.port)
-    took, error = _timed(lambda: RedisStore(address, timeout=0.3))
-    _assert_timed_out(took, error, 0.3)
-    store = RedisStore(address, timeout=0.3, ping=False)
+    took, error = _timed(lambda: RedisStore(address, timeout=SILENT_TIMEOUT))
+    _assert_timed_out(took, error, SILENT_TIMEOUT)
+    store = RedisStore(address, timeout=SILENT_TIMEOUT, ping=False)
     for name, call in _calls(store, pool, src).items():
         took, error = _timed(call)
         assert isinstance(error, StoreTimeoutError), (name, error)
-        assert took < 0.3 + MARGIN, (name, took)
+        assert took < SILENT_TIMEOUT + MARGIN, (name, took)
     store.close()
 
     async def scenario() -> None:
-        store = AsyncRedisStore(address, timeout=0.3)
+        store = AsyncRedisStore(address, timeout=SILENT_TIMEOUT)
         for name, make in _async_calls(store, pool, src).items():
             took, error = await _atimed(make)
             assert isinstance(error, StoreTimeoutError), (name, error)
-            assert took < 0.3 + MARGIN, (name, took)
+            assert took < SILENT_TIMEOUT + MARGIN, (name, took)
         await store.aclose()
 
     bounded(lambda: asyncio.run(scenario()), 60)
@@ -259,23 +262,23 @@ def test_silent_cluster_node_every_call_ends_within_timeout(
     url = f"redis-cluster://127.0.0.1:{hostile.port}"
     src = pool.allocate(KV_SHAPE, KV_DTYPE, KV_FMT)
     hostile.fallback = _silent
-    took, error = _timed(lambda: RedisClusterStore(url, timeout=0.3))
-    _assert_timed_out(took, error, 0.3)
-    store = RedisClusterStore(url, timeout=0.3, ping=False)
+    took, error = _timed(lambda: RedisClusterStore(url, timeout=SILENT_TIMEOUT))
+    _assert_timed_out(took, error, SILENT_TIMEOUT)
+    store = RedisClusterStore(url, timeout=SILENT_TIMEOUT, ping=False)
     for name, call in _calls(store, pool, src).items():
         took, error = _timed(call)
         assert isinstance(error, StoreTimeoutError), (name, error)
-        assert took < 0.3 + MARGIN, (name, took)
+        assert took < SILENT_TIMEOUT + MARGIN, (name, took)
     store.close()
     # Now with the slot map known: the node answers it, then nothing else.
     hostile.fallback = None
-    store = RedisClusterStore(url, timeout=0.3)
+    store = RedisClusterStore(url, timeout=SILENT_TIMEOUT)
     hostile.fallback = _silent
     hostile.drop_clients()
     for name, call in _calls(store, pool, src).items():
         took, error = _timed(call)
         assert isinstance(error, StoreTimeoutError), (name, error)
-        assert took < 0.3 + MARGIN, (name, took)
+        assert took < SILENT_TIMEOUT + MARGIN, (name, took)
     store.close()
     src.ref_count_down()
     assert_clean(pool)
