@@ -24,18 +24,26 @@ Commands and replies:
 
 * ``{"op": "round", "name": C, "tag": T}`` - one round of contender C:
   ``chunks`` KV chunks (bfloat16, KV_2LTD) allocated through the manager
-  and filled (untimed), then timed: ``batched_put`` until the remote
-  backend's ``contains`` has found every key (asked key by key, each key
-  until it is there, 1 ms between two misses), then
-  ``batched_get_blocking`` from the remote backend.  (Not
-  ``batched_contains``: LMCache 0.5.6's ``RESPConnector`` answers it
-  through its client's sync path, which submits the request before it
-  registers the reply's future, from a thread that is not the loop's; a
-  reply the loop drains in between is dropped and the call never
-  returns - seen here within a few rounds.)  The chunks read
+  and filled (untimed), then timed: the put - what
+  ``StorageManager.batched_put`` does, backend by backend (the local CPU
+  backend, then the remote backend's ``batched_submit_put_task`` with
+  LMCache's ``on_complete_callback``) until every key's write has
+  completed - and the get, ``batched_get_blocking`` from the remote
+  backend.  The put counts only when the remote backend's ``contains``
+  then finds every key (asked key by key; a key not there yet is asked
+  again every 1 ms and the put's time runs on until it is).  Waiting for
+  the completion hook instead of polling keeps the measurement off the
+  loop the put runs on (a poll costs the loop a turn, and the GIL, every
+  time).  ``contains``, not ``batched_contains``: LMCache 0.5.6's
+  ``RESPConnector`` answers the latter through its client's sync path,
+  which submits the request before it registers the reply's future, from
+  a thread that is not the loop's; a reply the loop drains in between is
+  dropped and the call never returns (seen here within a few rounds).
+  The chunks read
   back are compared byte for byte (untimed) and released, and the keys
   are dropped from the local CPU backend.  Reply ``{"put_s", "get_s",
-  "missing", "wrong"}`` (with ``"log"``, what LMCache logged, when a
+  "missing", "wrong", "late"}`` (``late``: keys not there yet when their
+  write had completed; with ``"log"``, what LMCache logged, when a
   chunk is missing or wrong) or ``{"error": why}``.
 * ``{"op": "stop"}`` - close every manager, each in a thread, all within
   ``close_s`` seconds; reply ``{"closed": {name: "ok" | why}}`` and exit
@@ -62,8 +70,7 @@ __all__ = ["main"]
 
 T = TypeVar("T")
 
-#: Seconds between two ``batched_contains`` polls of a put (each poll takes the
-#: GIL and, for LMCache's connectors, a turn of the loop the put runs on).
+#: Seconds between two asks for a key the remote does not hold yet.
 POLL_S = 0.001
 #: Exit status when LMCache cannot be imported.
 NO_LMCACHE = 3
@@ -171,23 +178,42 @@ class Contender:
             flat[:8].copy_(stamp)  # a stale entry from another round would not match
         keys = self._keys(tag)
         offset = _log_offset()
+        left = [n]
+        lock = threading.Lock()
+        written = threading.Event()
+
+        def one_written(key: Any) -> None:
+            with lock:
+                left[0] -= 1
+                if left[0] == 0:
+                    written.set()
+
         start = time.perf_counter()
-        self.manager.batched_put(keys, objs)  # takes over our references
-        held = 0
+        # StorageManager.batched_put, backend by backend: the local CPU backend
+        # (takes over our references), then the remote one with LMCache's
+        # completion hook, so that nothing polls the loop while the put runs.
+        self.manager.batched_put(keys, objs, location="LocalCPUBackend")
+        self.remote.batched_submit_put_task(keys, objs, on_complete_callback=one_written)
         end = start + self.deadline_s
-        while held < n:
-            if self.remote.contains(keys[held]):
-                held += 1  # each key is confirmed once; the next poll asks for the next
-            elif time.perf_counter() > end:
-                break
-            else:
-                time.sleep(POLL_S)
+        written.wait(self.deadline_s)
         put_done = time.perf_counter()
+        held = late = 0
+        asked = -1
+        while held < n:  # the remote must hold every key: a key not there yet is waited for
+            if self.remote.contains(keys[held]):
+                held += 1
+                continue
+            late += asked != held
+            asked = held
+            if time.perf_counter() > end:
+                break
+            time.sleep(POLL_S)
+            put_done = time.perf_counter()
         if held != n:
             self.manager.batched_remove(keys, locations=["LocalCPUBackend"])
             why = _log_since(offset) or "LMCache logged nothing"
-            late = f"{self.deadline_s:g} s after the put"
-            return {"error": f"the remote held {held} of {n} keys {late}: {why}"}
+            after = f"{self.deadline_s:g} s after the put"
+            return {"error": f"the remote held {held} of {n} keys {after}: {why}"}
         got = self.remote.batched_get_blocking(keys)
         get_done = time.perf_counter()
         missing = sum(g is None for g in got)
@@ -201,7 +227,7 @@ class Contender:
             g.ref_count_down()
         self.manager.batched_remove(keys, locations=["LocalCPUBackend"])
         reply = {"put_s": put_done - start, "get_s": get_done - put_done}
-        reply.update(missing=missing, wrong=wrong)
+        reply.update(missing=missing, wrong=wrong, late=late)
         if missing or wrong:
             reply["log"] = _log_since(offset) or "LMCache logged nothing"
         return reply

@@ -10,8 +10,9 @@ A *round* of a contender is what LMCache's engine does with a remote
 backend, through LMCache 0.5.6's own ``StorageManager`` built from an engine
 config (YAML): ``chunks`` KV chunks of 2 MiB (bfloat16, KV_2LTD,
 ``[2, 16, 256, 128]``) are allocated through the manager and filled
-(untimed); **put** is ``batched_put`` until the remote backend's
-``contains`` has found every key; **get** is ``batched_get_blocking``
+(untimed); **put** is ``batched_put`` until every remote write has
+completed (LMCache's ``on_complete_callback``) and the remote backend's
+``contains`` finds every key; **get** is ``batched_get_blocking``
 of every key from the remote backend (``RemoteBackend`` or
 ``RemoteBackend-<plugin>``).  Every chunk read back is compared byte for
 byte (untimed); a round that loses or changes a chunk stops that
@@ -293,6 +294,9 @@ class Harness:
         if "error" in reply:
             self.errors[name] = reply["error"]
             return None
+        if reply.get("late"):
+            late = self.info.setdefault("late_keys", {})
+            late[name] = late.get(name, 0) + reply["late"]
         return {"put_s": reply["put_s"], "get_s": reply["get_s"]}
 
     def measure(self, rounds: int) -> dict[str, dict[str, dict[str, list[float]]]]:
@@ -402,6 +406,11 @@ def format_report(result: dict[str, Any]) -> str:
     errors = {n: e for row in result["pairs"].values() for n, e in row.get("errors", {}).items()}
     for name, why in errors.items():
         lines.append(f"not measured: {name}: {why}")
+    for name, count in result["info"].get("late_keys", {}).items():
+        lines.append(
+            f"late: {name}: {count} key(s) not there yet when LMCache said their write had "
+            "completed (the put's time ran on until they were)"
+        )
     for kind, why in result["info"].get("stores_left_out", {}).items():
         lines.append(f"left out: {kind}: {why}")
     for name, how in result["info"].get("close", {}).items():
