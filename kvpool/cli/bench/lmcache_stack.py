@@ -9,9 +9,10 @@ A kind whose server cannot start here is left out with the reason
 (:attr:`Stack.missing`); the rest still run.
 
 :meth:`Stack.wipe` empties a kind's server after every round, untimed, so
-that every round writes into the same empty store: ``FLUSHALL`` (the
-plain server, every cluster master), every file under the folder (folders
-stay), Mooncake's ``remove_all(force=True)`` through a client of its own.
+that every round writes into the same empty store: a DEL of every key
+(the plain server, every cluster master; not FLUSHALL, see
+:func:`_delete_every_key`), every file under the folder (folders stay),
+Mooncake's ``remove_all(force=True)`` through a client of its own.
 """
 
 from __future__ import annotations
@@ -44,6 +45,25 @@ def _stderr_into(path: Path) -> Iterator[None]:
     finally:
         os.dup2(saved, 2)
         os.close(saved)
+
+
+def _delete_every_key(port: int) -> None:
+    """DEL every key of the server on ``port`` (its own keys only, for a cluster node).
+
+    Not FLUSHALL: Redis 7 follows a synchronous FLUSHALL with a jemalloc
+    purge, which hands the freed pages back to the kernel, so the next
+    round's values all fault in fresh pages (measured: 70 ms of server CPU
+    for a 64 MiB put, against 30 ms after a DEL of the keys); a server that
+    deletes or evicts keys reuses their memory.
+    """
+    import redis
+
+    with redis.Redis(host="127.0.0.1", port=port, socket_timeout=30) as r:
+        keys = list(r.scan_iter(count=1000))
+        with r.pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.delete(key)  # one key each: a cluster node refuses cross-slot DELs
+            pipe.execute()
 
 
 class Stack:
@@ -146,9 +166,10 @@ class Stack:
                 be measured on a store that is not empty).
         """
         if kind == "redis":
-            self._redis.flush()
+            _delete_every_key(self._redis.port)
         elif kind == "cluster":
-            self._cluster.flush()
+            for port in self._cluster.ports:
+                _delete_every_key(port)
         elif kind == "file":
             for root, _dirs, files in os.walk(self._folder or ""):
                 for name in files:

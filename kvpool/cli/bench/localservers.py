@@ -273,17 +273,6 @@ class RedisCluster:
             time.sleep(0.1)
         raise RuntimeError(f"the cluster did not become ok within {seconds} s: {infos}")
 
-    def flush(self) -> None:
-        """Delete every key on every master (``FLUSHALL``).
-
-        Raises:
-            RuntimeError: a master did not answer ``+OK``.
-        """
-        for port in self.ports:
-            reply = _command(port, "FLUSHALL", timeout=30.0)
-            if not reply.startswith(b"+OK"):
-                raise RuntimeError(f"FLUSHALL on 127.0.0.1:{port} answered {reply[:80]!r}")
-
     def kill(self, port: int) -> None:
         """SIGKILL one node and wait for it."""
         proc = self.procs[port]
@@ -371,16 +360,6 @@ class RedisServer:
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
-
-    def flush(self) -> None:
-        """Delete every key (``FLUSHALL``).
-
-        Raises:
-            RuntimeError: the server did not answer ``+OK``.
-        """
-        reply = _command(self.port, "FLUSHALL", timeout=30.0)
-        if not reply.startswith(b"+OK"):
-            raise RuntimeError(f"FLUSHALL on 127.0.0.1:{self.port} answered {reply[:80]!r}")
 
     def stop(self) -> None:
         """Stop it (idempotent)."""
