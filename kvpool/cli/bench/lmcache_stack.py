@@ -147,8 +147,9 @@ class Stack:
         for name, value in MOONCAKE_ENV.items():
             os.environ.setdefault(name, value)
         segment_mb = max(256, 4 * round_bytes >> 20)
-        # A short lease: an entry just read can be removed by the wipe at once.
-        self._mooncake = start_mooncake(folder, f"{segment_mb} MB", lease_ms=500)
+        # The master's default lease (10 s): the wipe removes with force, and a
+        # shorter one can run out inside a slow get (Mooncake's LEASE_EXPIRED, -707).
+        self._mooncake = start_mooncake(folder, f"{segment_mb} MB")
         at["mooncake_master"] = self._mooncake.master
         at["mooncake_metadata"] = self._mooncake.metadata
         # Mooncake's client logs its set-up on stderr (glog): into the servers' logs.
