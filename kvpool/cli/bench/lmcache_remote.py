@@ -319,10 +319,20 @@ class Harness:
 
     def close(self) -> None:
         """Stop the processes (bounded) and the servers; the close reports go to ``info``."""
-        closes: dict[str, str] = {}
-        for side, child in self.children.items():
-            for name, how in child.stop().items():
-                closes[name if name != "*" else side] = how
+        reports: dict[str, dict[str, str]] = {}
+        stops = [
+            threading.Thread(target=lambda s=side, c=child: reports.update({s: c.stop()}))
+            for side, child in self.children.items()
+        ]  # both sides at once: each may wait out its closes' deadline
+        for t in stops:
+            t.start()
+        for t in stops:
+            t.join()
+        closes = {
+            name if name != "*" else side: how
+            for side, report in reports.items()
+            for name, how in report.items()
+        }
         self.children = {}
         if closes and hasattr(self, "info"):
             self.info["close"] = closes
