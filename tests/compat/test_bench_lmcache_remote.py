@@ -21,7 +21,10 @@ PAIRS = ("redis", "resp", "cluster", "file", "mooncake", "mooncake_nometa")
 LIVENESS_S = 600
 
 
-def run(python: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run(
+    python: str, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``python *args`` from the checkout, output captured, within the liveness bound."""
     return subprocess.run(
         [python, *args],
         cwd=REPO,
