@@ -39,18 +39,17 @@ Commands and replies:
   which submits the request before it registers the reply's future, from
   a thread that is not the loop's; a reply the loop drains in between is
   dropped and the call never returns (seen here within a few rounds).
-  The chunks read
-  back are compared byte for byte (untimed) and released, and the keys
-  are dropped from the local CPU backend.  Reply ``{"put_s", "get_s",
+  The chunks read back are compared byte for byte (untimed) and released,
+  and the keys are dropped from the local CPU backend.  Reply ``{"put_s", "get_s",
   "missing", "wrong", "late"}`` (``late``: keys not there yet when their
   write had completed; with ``"log"``, what LMCache logged, when a
   chunk is missing or wrong) or ``{"error": why}``.
 * ``{"op": "stop"}`` - close every manager, each in a thread, all within
   ``close_s`` seconds; reply ``{"closed": {name: "ok" | why}}`` and exit
   at once, without waiting for a close that hangs (LMCache 0.5.6's
-  ``RedisConnector.close()`` and ``RESPConnector.close()`` never return:
-  they wait, on the storage manager's loop, for an executor that needs
-  that loop to shut down).
+  ``RedisConnector``, ``RESPConnector`` and ``RedisClusterConnector``
+  ``close()`` never return here: they wait, on the storage manager's loop,
+  for an executor that needs that loop to shut down).
 
 Without LMCache the first reply is ``{"fatal": why}`` and the exit status 3.
 """
