@@ -46,8 +46,8 @@ one for kvpool's plugin, one for LMCache's connectors, each holding one
 StorageManager per contender.  ``--memory kvpool`` puts both on kvpool
 memory (:func:`kvpool.integrations.lmcache.install`); the default leaves
 LMCache's allocators in place.  At the end every manager is closed in a
-thread, with a deadline: LMCache 0.5.6's ``RedisConnector.close()`` (and
-``RESPConnector.close()``) never return, so the child reports the close
+thread, with a deadline: LMCache 0.5.6's ``close()`` of its Redis, RESP and
+Redis Cluster connectors never returns, so the child reports the close
 that hung and exits without it; the parent kills a child that does not exit.
 
 Without LMCache the benchmark says so and exits with status 2 (``kvpool
