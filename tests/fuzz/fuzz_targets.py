@@ -630,6 +630,23 @@ def _async_targets() -> list[Target]:
             ["redis://[::1"],  # no server: a bad URL by default
             {"prefix": "kvpool:", "checksum": False, "timeout": 0.5},
         ),
+        Target(
+            "AsyncRedisClusterStore()",
+            lambda c: remote.AsyncRedisClusterStore,
+            ["redis-cluster://[::1"],  # no server: a bad URL by default
+            {"prefix": "kvpool:", "checksum": False, "timeout": 0.5, "ttl": None},
+        ),
+        Target(
+            "AsyncMooncakeStore()",
+            lambda c: remote.AsyncMooncakeStore,
+            ["[::1"],  # no master: a bad address by default
+            {"threads": 2, "prefix": "kvpool:", "timeout": 0.5},
+        ),
+        Target(
+            "AsyncMooncakeStore.from_url",
+            lambda c: remote.AsyncMooncakeStore.from_url,
+            ["mooncake://[::1"],
+        ),
     ]
 
 
