@@ -412,8 +412,10 @@ def test_missing_client_is_feature_unavailable(monkeypatch: pytest.MonkeyPatch) 
 
 def test_codes_map_to_typed_errors() -> None:
     assert codes.code_name(-704) == "OBJECT_NOT_FOUND" and codes.code_name(-12345) == "code -12345"
+    assert codes.code_name(-707) == "LEASE_EXPIRED" and codes.LEASE_EXPIRED in codes.RETRYABLE
     cases = [
         (codes.HAS_LEASE, StoreTimeoutError),
+        (codes.LEASE_EXPIRED, StoreTimeoutError),
         (codes.NOT_READY, StoreTimeoutError),
         (codes.RPC_FAIL, StoreConnectionError),
         (codes.TRANSFER_FAIL, StoreConnectionError),

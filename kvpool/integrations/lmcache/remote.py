@@ -82,6 +82,7 @@ from kvpool.integrations.lmcache.remote_config import (
     refusal,
 )
 from kvpool.integrations.lmcache.remote_connector import KVPoolConnector
+from kvpool.integrations.lmcache.remote_memory import register_backend_buffer
 from kvpool.integrations.lmcache.remote_report import plugin_logger
 from kvpool.remote import open_async_store
 
@@ -156,6 +157,7 @@ class KVPoolConnectorAdapter(ConnectorAdapter):
         except BaseException:
             store.close()
             raise
+        register_backend_buffer(store, context.local_cpu_backend)
         _export_metrics(connector)
         plugin_logger().info(
             "kvpool plugin %r: %s at %s (LMCache backend RemoteBackend-%s)",

@@ -13,7 +13,10 @@ Two memory modes, one connector:
   references.  :class:`MemoryFormat` members are translated by value.
 
 Either way the only copy is the one a store makes into or out of the
-object, as LMCache's own connectors make at least one.
+object, as LMCache's own connectors make at least one.  With LMCache's
+memory and a Mooncake store, :func:`register_backend_buffer` registers
+LMCache's whole CPU buffer with Mooncake once (as LMCache's own Mooncake
+connector does), so no call registers its objects one by one.
 """
 
 from __future__ import annotations
@@ -24,13 +27,21 @@ from typing import Any
 import torch
 from lmcache.v1.memory_management import MemoryFormat as LMCacheFormat
 
-from kvpool.errors import InvalidArgumentError
+from kvpool.errors import InvalidArgumentError, KVPoolError
 from kvpool.formats import MemoryFormat
+from kvpool.integrations.lmcache.remote_report import plugin_logger
 from kvpool.pool.handle import TensorMemoryObj
 from kvpool.pool.metadata import MemoryObjMetadata
 from kvpool.pool.objects import MemoryObj
 
-__all__ = ["BackendAllocator", "fits", "kvpool_format", "sendable", "unsend"]
+__all__ = [
+    "BackendAllocator",
+    "fits",
+    "kvpool_format",
+    "register_backend_buffer",
+    "sendable",
+    "unsend",
+]
 
 #: True when LMCache's formats are kvpool's (install() ran before LMCache's import).
 SAME_FORMATS = LMCacheFormat is MemoryFormat
@@ -147,3 +158,37 @@ def fits(obj: Any, shapes: Sequence[torch.Size], dtypes: Sequence[torch.dtype], 
             if g != f and not (i == axis and 0 < g < f):
                 return False
     return True
+
+
+def register_backend_buffer(store: Any, backend: Any) -> tuple[int, int] | None:
+    """Register the host buffer of LMCache's CPU allocator with ``store`` once, if both allow.
+
+    Only a store with ``register_memory`` (Mooncake's) takes it, and only
+    LMCache's own allocators need it: a kvpool allocator says where its
+    memory is (``memory_region()``) and the store registers that itself.
+    The buffer is the one LMCache's ``MixedMemoryAllocator`` allocates
+    from (``pin_allocator.buffer``, else ``buffer``).  Closing the store
+    deregisters it.  A refusal is not fatal: each call then registers its
+    objects for itself, as without this.
+
+    Args:
+        store: the plugin's store.
+        backend: LMCache's ``LocalCPUBackend`` (or None).
+
+    Returns:
+        ``(address, nbytes)`` registered, or None when nothing was.
+    """
+    register = getattr(store, "register_memory", None)
+    allocator = getattr(backend, "memory_allocator", None)
+    if register is None or allocator is None or hasattr(allocator, "memory_region"):
+        return None
+    buffer = getattr(getattr(allocator, "pin_allocator", None), "buffer", None)
+    if not isinstance(buffer, torch.Tensor):
+        buffer = getattr(allocator, "buffer", None)
+    if not isinstance(buffer, torch.Tensor) or buffer.device.type != "cpu":
+        return None
+    try:
+        return register(buffer)  # type: ignore[no-any-return]
+    except KVPoolError as exc:
+        plugin_logger().info("LMCache's CPU buffer stays registered per call: %s", exc)
+        return None

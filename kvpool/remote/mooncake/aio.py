@@ -143,6 +143,34 @@ class AsyncMooncakeStore(AsyncRemoteStore):
         """True when entries are stored without kvpool's header (see ``MooncakeStore``)."""
         return self.store.headerless
 
+    def register_memory(self, memory: Any, nbytes: int | None = None) -> tuple[int, int]:
+        """Register a long-lived host range once (see :meth:`MooncakeStore.register_memory`).
+
+        Not awaited: one quick Mooncake call.  Closing the store deregisters it.
+
+        Returns:
+            ``(address, nbytes)`` registered.
+
+        Raises:
+            ArgumentTypeError / InvalidArgumentError: a bad ``memory`` or
+                ``nbytes``, or a range overlapping one registered already.
+            PoolClosedError: the store was closed.
+            RemoteStoreError: Mooncake refused the registration.
+        """
+        if self._closed:
+            raise PoolClosedError(f"register_memory on {self.server}: the store was closed")
+        return self.store.register_memory(memory, nbytes)
+
+    def unregister_memory(self, memory: Any) -> None:
+        """Deregister a range :meth:`register_memory` registered (its tensor or address).
+
+        Call it only once no call in flight uses objects inside the range.
+
+        Raises:
+            ArgumentTypeError / InvalidArgumentError: a bad ``memory``, or no such range.
+        """
+        self.store.unregister_memory(memory)
+
     # -- running the blocking calls -------------------------------------
 
     async def _run(

@@ -20,6 +20,7 @@ __all__ = [
     "Backoff",
     "Busy",
     "HAS_LEASE",
+    "LEASE_EXPIRED",
     "NOT_FOUND",
     "NOT_READY",
     "TRANSFER_FAIL",
@@ -37,6 +38,9 @@ NOT_FOUND = -704
 #: ``OBJECT_HAS_LEASE``: a reader's lease blocks a remove (the master's
 #: ``--default_kv_lease_ttl``, 10 s by default, after every read).
 HAS_LEASE = -706
+#: ``LEASE_EXPIRED``: the lease a read took ran out before its transfer
+#: ended, so the bytes may have changed under it; a new read takes a new lease.
+LEASE_EXPIRED = -707
 #: ``TRANSFER_FAIL``: the bytes could not be moved (also: the sizes given
 #: to a multi-buffer read do not add up to the object's size).
 TRANSFER_FAIL = -800
@@ -44,7 +48,7 @@ TRANSFER_FAIL = -800
 RPC_FAIL = -900
 
 #: Codes that go away by themselves: retried until the store's timeout.
-RETRYABLE = frozenset({NOT_READY, HAS_LEASE})
+RETRYABLE = frozenset({NOT_READY, HAS_LEASE, LEASE_EXPIRED})
 
 _NAMES = {
     -1: "INTERNAL_ERROR",
@@ -66,6 +70,7 @@ _NAMES = {
     -704: "OBJECT_NOT_FOUND",
     -705: "OBJECT_ALREADY_EXISTS",
     -706: "OBJECT_HAS_LEASE",
+    -707: "LEASE_EXPIRED",
     -800: "TRANSFER_FAIL",
     -900: "RPC_FAIL",
     -1010: "UNAVAILABLE_IN_CURRENT_STATUS",
@@ -80,6 +85,8 @@ _HINTS = {
     -600: "Mooncake refused the arguments",
     HAS_LEASE: "a reader holds a lease on it; the master's --default_kv_lease_ttl "
     "(milliseconds, 10000 by default) bounds how long",
+    LEASE_EXPIRED: "the read's lease ran out before its transfer ended (a slow transfer, or "
+    "a short --default_kv_lease_ttl on the master); each retry takes a new lease",
     NOT_READY: "it is being written by another client",
     RPC_FAIL: "the master does not answer",
     TRANSFER_FAIL: "the storage node holding it could not be reached",
@@ -100,7 +107,7 @@ def error_for(code: int, where: str) -> RemoteStoreError:
 
     Returns:
         :class:`StoreTimeoutError` for a code still standing after the
-        retries (lease, not ready), :class:`StoreConnectionError` for an
+        retries (lease held or expired, not ready), :class:`StoreConnectionError` for an
         unreachable master or storage node, else :class:`RemoteStoreError`;
         the message carries the code, its name and a hint.  The code is
         also the error's ``mooncake_code`` attribute.

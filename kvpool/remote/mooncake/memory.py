@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import bisect
 import threading
 import weakref
 from collections.abc import Callable
@@ -23,6 +24,8 @@ import numpy as np
 import torch
 
 import kvpool.remote.mooncake.codes as codes
+from kvpool.checks import check_int
+from kvpool.errors import ArgumentTypeError, InvalidArgumentError, PoolClosedError
 from kvpool.pool.handle import TensorMemoryObj
 from kvpool.pool.interface import MemoryAllocatorInterface
 from kvpool.pool.objects import MemoryObj
@@ -118,6 +121,10 @@ class PoolRegions:
         self._client = client
         self._lock = threading.Lock()
         self._by_owner: dict[int, _Region] = {}
+        # Caller ranges (add_range): start -> (nbytes, what keeps the memory
+        # alive); the starts sorted, for a bisect (the ranges never overlap).
+        self._ranges: dict[int, tuple[int, object]] = {}
+        self._starts: list[int] = []
         self._closed = False
 
     def ensure(self, obj: MemoryObj, address: int, nbytes: int) -> tuple[int, int] | None:
@@ -140,6 +147,8 @@ class PoolRegions:
         owner = obj.parent()
         region = self._by_owner.get(id(owner)) if owner is not None else None
         if region is not None and region.owner() is owner:
+            return None
+        if self._starts and self._covered(address, max(nbytes, 1)):
             return None
         found = _memory_region(owner)
         if found is None:
@@ -170,6 +179,85 @@ class PoolRegions:
         region.unhook = owner.add_close_hook(lambda key=key: self._forget(key))
         return None
 
+    def _covered(self, address: int, nbytes: int) -> bool:
+        with self._lock:
+            i = bisect.bisect_right(self._starts, address) - 1
+            if i < 0:
+                return False
+            start = self._starts[i]
+            return address + nbytes <= start + self._ranges[start][0]
+
+    def add_range(self, memory: object, nbytes: object, where: str) -> tuple[int, int]:
+        """Register a long-lived host range once; objects inside it then need no registration.
+
+        Args:
+            memory: a contiguous CPU ``torch.Tensor`` (kept alive until the
+                range is removed), or the range's address as an ``int``.
+            nbytes: bytes from the start; default (None) the tensor's size;
+                required with an address.
+            where: names the store, for error messages.
+
+        Returns:
+            ``(address, nbytes)`` registered.
+
+        Raises:
+            ArgumentTypeError: ``memory`` is neither a tensor nor an int.
+            InvalidArgumentError: a non-CPU, non-contiguous or empty tensor;
+                a bad ``nbytes``; a range overlapping one registered here.
+            PoolClosedError: the store was closed.
+            RemoteStoreError: Mooncake refused the registration.
+
+        Complexity: O(ranges) for the overlap check, one Mooncake call.
+        """
+        address, nbytes, keep = _range_of(memory, nbytes)
+        with self._lock:
+            if self._closed:
+                raise PoolClosedError(f"{where}: the store was closed")
+            taken = [(a, n) for a, (n, _) in self._ranges.items()]
+            taken += [(r.address, r.nbytes) for r in self._by_owner.values()]
+            for start, size in taken:
+                if address < start + size and start < address + nbytes:
+                    raise InvalidArgumentError(
+                        f"{where}: {nbytes} bytes at {address:#x} overlap the {size} bytes at "
+                        f"{start:#x} registered already; unregister that range first, or "
+                        "register the memory once"
+                    )
+            rc = self._client.register_buffer(address, nbytes)
+            if rc != 0:
+                raise codes.error_for(
+                    rc, f"{where}: registering {nbytes} bytes at {address:#x} with Mooncake"
+                )
+            self._ranges[address] = (nbytes, keep)
+            bisect.insort(self._starts, address)
+        return address, nbytes
+
+    def remove_range(self, memory: object, where: str) -> None:
+        """Deregister a range :meth:`add_range` registered (by its tensor or start address).
+
+        Call it only once no call in flight reads or writes objects inside it.
+
+        Raises:
+            ArgumentTypeError: ``memory`` is neither a tensor nor an int.
+            InvalidArgumentError: no range registered by :meth:`add_range` starts there.
+        """
+        address = _start_of(memory)
+        with self._lock:
+            if address not in self._ranges:
+                raise InvalidArgumentError(
+                    f"{where}: no range registered with register_memory starts at "
+                    f"{address:#x}; pass the tensor or address given to register_memory"
+                )
+            del self._ranges[address]
+            self._starts.remove(address)
+            if self._closed:
+                return
+        self._client.unregister_buffer(address)
+
+    def ranges(self) -> list[tuple[int, int]]:
+        """``(address, nbytes)`` of every range registered by :meth:`add_range`, by address."""
+        with self._lock:
+            return [(a, self._ranges[a][0]) for a in self._starts]
+
     def release_temporary(self, reg: tuple[int, int] | None) -> None:
         """Deregister what :meth:`ensure` registered for one call."""
         if reg is not None:
@@ -190,15 +278,57 @@ class PoolRegions:
             return [(r.address, r.nbytes) for r in self._by_owner.values()]
 
     def close(self) -> None:
-        """Deregister every pool range and remove the close hooks."""
+        """Deregister every pool range and caller range; remove the close hooks."""
         with self._lock:
             regions = list(self._by_owner.values())
             self._by_owner.clear()
+            starts, self._starts = self._starts, []
+            self._ranges.clear()
             self._closed = True
         for region in regions:
             if region.unhook is not None:
                 region.unhook()
             self._client.unregister_buffer(region.address)
+        for start in starts:
+            self._client.unregister_buffer(start)
+
+
+def _start_of(memory: object) -> int:
+    if isinstance(memory, torch.Tensor):
+        return int(memory.data_ptr())
+    if isinstance(memory, bool) or not isinstance(memory, int):
+        raise ArgumentTypeError(
+            f"memory must be a CPU torch.Tensor or an int address, got {type(memory).__name__}"
+        )
+    return memory
+
+
+def _range_of(memory: object, nbytes: object) -> tuple[int, int, object]:
+    """``(address, nbytes, what to keep alive)`` of a range to register, checked."""
+    address = _start_of(memory)
+    if isinstance(memory, torch.Tensor):
+        if memory.device.type != "cpu":
+            raise InvalidArgumentError(
+                f"memory must be host memory, got a tensor on {memory.device}; register the "
+                "CPU buffer objects are copied through"
+            )
+        if not memory.is_contiguous():
+            raise InvalidArgumentError(
+                "memory must be a contiguous tensor (one range); pass .contiguous() storage or "
+                "its address and size"
+            )
+        size = memory.numel() * memory.element_size()
+        if size == 0:
+            raise InvalidArgumentError("memory is an empty tensor: nothing to register")
+        if nbytes is not None:
+            size = check_int("nbytes", nbytes, low=1, high=size, fix="at most the tensor's size")
+        return address, size, memory
+    if address <= 0:
+        raise InvalidArgumentError(f"address must be positive, got {address}")
+    if nbytes is None:
+        raise InvalidArgumentError("nbytes is required with an int address (the range's size)")
+    size = check_int("nbytes", nbytes, low=1, high=(1 << 64) - address)
+    return address, size, None
 
 
 def _memory_region(owner: object) -> tuple[int, int] | None:

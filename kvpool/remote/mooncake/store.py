@@ -260,6 +260,24 @@ class MooncakeStore(RemoteStore):
         """``(address, nbytes)`` of each pool range registered with Mooncake now."""
         return self._regions.registered()
 
+    def register_memory(self, memory: Any, nbytes: int | None = None) -> tuple[int, int]:
+        """Register a long-lived host range (a CPU tensor, or an address) with Mooncake once.
+
+        Objects inside it then skip the per-call register/unregister that memory of an
+        allocator without ``memory_region()`` (e.g. LMCache's) pays; :meth:`close` drops
+        it.  Args/returns/raises: :meth:`~kvpool.remote.mooncake.memory.PoolRegions.add_range`.
+        """
+        self._check_open()
+        return self._regions.add_range(memory, nbytes, self._where("register_memory", None))
+
+    def unregister_memory(self, memory: Any) -> None:
+        """Deregister a range :meth:`register_memory` registered (its tensor or address).
+
+        Raises:
+            InvalidArgumentError: no such range; ArgumentTypeError: a bad ``memory``.
+        """
+        self._regions.remove_range(memory, self._where("unregister_memory", None))
+
     def mount_segment(
         self,
         size: int,
