@@ -19,8 +19,9 @@ CuFile/HipFileMemoryAllocator  GPU memory registered with cuFile/hipFile
 
 Every class takes ``use_paging=True`` plus ``shapes``, ``dtypes`` and
 ``fmt`` for a paged policy, the extent policy otherwise.  Also here:
-:class:`AdHocMemoryAllocator`, :class:`PagedCpuGpuMemoryAllocator` and
-the helpers ``_allocate_cpu_memory`` / ``_free_cpu_memory``.
+:class:`PagedCpuGpuMemoryAllocator`, the helpers ``_allocate_cpu_memory`` /
+``_free_cpu_memory``, and :class:`AdHocMemoryAllocator` (from
+:mod:`kvpool.pool.adhoc`).
 """
 
 from __future__ import annotations
@@ -33,31 +34,31 @@ from typing import Any
 import torch
 
 from kvpool.checks import (
+    REQUIRED,
     check_bool,
     check_int,
     check_keywords,
     check_optional_str,
     check_power_of_two,
+    refuse_in_place,
 )
 from kvpool.errors import (
     ArgumentTypeError,
     FeatureUnavailableError,
     InvalidArgumentError,
     InvalidHandleError,
-    OutOfMemoryError,
 )
-from kvpool.formats import MemoryFormat, normalize_layout
+from kvpool.formats import MemoryFormat
 from kvpool.native.machine import read_hugepage_info
 from kvpool.native.numa import NUMAMapping, resolve_numa_node
 from kvpool.native.spec import HostSpec
 from kvpool.pool.address import AddressManager
+from kvpool.pool.adhoc import AdHocMemoryAllocator
 from kvpool.pool.backing import Backing, HostBacking, TorchBacking, default_hugepages
-from kvpool.pool.handle import TensorMemoryObj
 from kvpool.pool.interface import MemoryAllocatorInterface
-from kvpool.pool.metadata import MemoryObjMetadata
 from kvpool.pool.objects import MemoryObj
 from kvpool.pool.paged import PagedTensorMemoryAllocator
-from kvpool.pool.policy import PlacementSpec, check_format, check_object_list
+from kvpool.pool.policy import PlacementSpec, check_object_list
 from kvpool.pool.pools import MemoryPool
 from kvpool.pool.shared import AttachedPool, IndexedPool, SharedPoolBacking, index_slots
 from kvpool.pool.shmindex import IndexWriter
@@ -399,75 +400,6 @@ class HipFileMemoryAllocator(CuFileMemoryAllocator):
     )
 
 
-class AdHocMemoryAllocator(MemoryAllocatorInterface):
-    """Objects backed by a fresh tensor each (for tests and small tools).
-
-    Args:
-        device: where the tensors live ("cpu" without CUDA).
-    """
-
-    def __init__(self, device: str = "cpu") -> None:
-        self.device = device if torch.cuda.is_available() else "cpu"
-
-    def allocate(
-        self,
-        shapes: torch.Size | list[torch.Size],
-        dtypes: torch.dtype | list[torch.dtype],
-        fmt: MemoryFormat = MemoryFormat.KV_2LTD,
-        allocator_type: str | None = None,
-    ) -> MemoryObj | None:
-        """An object over a new ``torch.empty`` tensor of the layout's size.
-
-        Raises:
-            InvalidArgumentError: bad layout.
-        """
-        shape_list, dtype_list, nbytes = normalize_layout(shapes, dtypes)
-        check_format(fmt)
-        meta = MemoryObjMetadata(
-            shape_list[0], dtype_list[0], 0, 0, 1, 0, fmt, None, shape_list, dtype_list
-        )
-        try:
-            raw = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
-        except RuntimeError as exc:  # torch says "can't allocate memory" this way
-            raise OutOfMemoryError(f"{nbytes} bytes on {self.device}: {exc}") from None
-        return TensorMemoryObj(raw, meta, self)
-
-    def batched_allocate(
-        self,
-        shapes: torch.Size | list[torch.Size],
-        dtypes: torch.dtype | list[torch.dtype],
-        batch_size: int,
-        fmt: MemoryFormat = MemoryFormat.KV_2LTD,
-        allocator_type: str | None = None,
-    ) -> list[MemoryObj] | None:
-        """Not supported, as in the reference: raises FeatureUnavailableError."""
-        raise FeatureUnavailableError("AdHocMemoryAllocator: no batched_allocate; use allocate()")
-
-    def free(self, memory_obj: MemoryObj, allocator_type: str | None = None) -> None:
-        """Nothing to do: the tensor is garbage-collected."""
-
-    def batched_free(
-        self,
-        memory_objs: list[MemoryObj],
-        allocator_type: str | None = None,
-        update_stats: bool = True,
-    ) -> None:
-        """Nothing to do: the tensors are garbage-collected."""
-
-    def ref_count_up(self, memory_obj: MemoryObj) -> None:
-        """No-op, as in the reference (this allocator counts nothing)."""
-
-    def ref_count_down(self, memory_obj: MemoryObj) -> None:
-        """No-op, as in the reference (this allocator counts nothing)."""
-
-    def get_ref_count(self, memory_obj: MemoryObj) -> int:
-        """Always 0, as in the reference (this allocator counts nothing)."""
-        return 0
-
-    def __str__(self) -> str:
-        return "AdHocMemoryAllocator"
-
-
 class PagedCpuGpuMemoryAllocator(MemoryAllocatorInterface):
     """A paged CPU pool and a paged GPU pool behind one interface.
 
@@ -556,38 +488,51 @@ class PagedCpuGpuMemoryAllocator(MemoryAllocatorInterface):
 
     def allocate(
         self,
-        shapes: torch.Size | list[torch.Size],
-        dtypes: torch.dtype | list[torch.dtype],
+        shapes: torch.Size | list[torch.Size] = REQUIRED,
+        dtypes: torch.dtype | list[torch.dtype] = REQUIRED,
         fmt: MemoryFormat = MemoryFormat.UNDEFINED,
         allocator_type: str | None = "cpu",
+        **unknown: Any,
     ) -> MemoryObj | None:
         """Allocate a page from the ``allocator_type`` pool (None when full)."""
+        if unknown or shapes is REQUIRED or dtypes is REQUIRED:
+            refuse_in_place(self, unknown, shapes, dtypes)
         return self._pool(allocator_type).allocator.allocate(shapes, dtypes, fmt)
 
     def batched_allocate(
         self,
-        shapes: torch.Size | list[torch.Size],
-        dtypes: torch.dtype | list[torch.dtype],
-        batch_size: int,
+        shapes: torch.Size | list[torch.Size] = REQUIRED,
+        dtypes: torch.dtype | list[torch.dtype] = REQUIRED,
+        batch_size: int = REQUIRED,
         fmt: MemoryFormat = MemoryFormat.UNDEFINED,
         allocator_type: str | None = "gpu",
+        **unknown: Any,
     ) -> list[MemoryObj] | None:
         """Allocate pages from the ``allocator_type`` pool, all or nothing."""
+        if unknown or shapes is REQUIRED or dtypes is REQUIRED or batch_size is REQUIRED:
+            refuse_in_place(self, unknown, shapes, dtypes, batch_size)
         return self._pool(allocator_type).allocator.batched_allocate(  # type: ignore[return-value]
             shapes, dtypes, batch_size, fmt
         )
 
-    def free(self, memory_obj: MemoryObj, allocator_type: str | None = "cpu") -> None:
+    def free(
+        self, memory_obj: MemoryObj = REQUIRED, allocator_type: str | None = "cpu", **unknown: Any
+    ) -> None:
         """Free an object into the pool it came from."""
+        if unknown or memory_obj is REQUIRED:
+            refuse_in_place(self, unknown, memory_obj)
         self._owner(memory_obj, allocator_type).free(memory_obj)
 
     def batched_free(
         self,
-        memory_objs: list[MemoryObj],
+        memory_objs: list[MemoryObj] = REQUIRED,
         allocator_type: str | None = None,
         update_stats: bool = True,
+        **unknown: Any,
     ) -> None:
         """Free each object into the pool it came from."""
+        if unknown or memory_objs is REQUIRED:
+            refuse_in_place(self, unknown, memory_objs)
         check_object_list(memory_objs, "batched_free")
         by_pool: dict[int, tuple[MemoryPool, list[MemoryObj]]] = {}
         for obj in memory_objs:

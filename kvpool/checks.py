@@ -15,17 +15,19 @@ import functools
 import inspect
 import math
 import operator
+import sys
 import threading
 import types
 from collections.abc import Callable, Collection, Mapping
 from enum import EnumMeta
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from kvpool.errors import ArgumentTypeError, BatchSizeError, InvalidArgumentError, KVPoolError
 
 __all__ = [
     "HOT_CALLS",
     "INTERNAL_CALLS",
+    "REQUIRED",
     "RefusesUnknownKeywords",
     "TypedEnumLookup",
     "check_batch_size",
@@ -40,6 +42,7 @@ __all__ = [
     "check_seconds",
     "check_size",
     "keywords_of",
+    "refuse_in_place",
     "refuse_unknown_keywords",
     "refuse_unknown_keywords_in",
     "unguarded",
@@ -338,6 +341,13 @@ def check_batch_size(batch_size: object) -> int:
 # validated on a correct call beyond one test, and no TypeError raised
 # inside the function is touched.  Functions that take **kwargs themselves
 # are left alone: they check their keywords with check_keywords.
+#
+# Hot calls (HOT_CALLS: a pool's allocate/free family) cannot afford the
+# wrapper's extra call, so they take the wrapper's shape themselves and
+# check in place: **unknown, REQUIRED defaults, and one test on their first
+# line whose slow path, refuse_in_place(), raises exactly what a wrapper
+# raises.  They take **kwargs, so refuse_unknown_keywords leaves them alone;
+# one that does not check in place (a user's subclass) gets the wrapper.
 
 _Target = TypeVar("_Target")
 
@@ -352,14 +362,17 @@ _GUARD_MARK = "_kvpool_keywords_guard"
 INTERNAL_CALLS = "_internal_calls"
 
 #: A class attribute naming public calls so hot that a wrapper's cost shows
-#: (a pool's ``allocate``/``free``: a forwarding call costs 5-17% of an
-#: allocate + free, measured); they keep Python's own ``TypeError`` for an
-#: unknown keyword.  Inherited like :data:`INTERNAL_CALLS`.
+#: (a pool's ``allocate``/``free`` family: a forwarding call costs 5-17% of
+#: an allocate + free, measured).  kvpool's own methods of those names check
+#: their keywords in place instead (:func:`refuse_in_place`), for about the
+#: cost of one test; a subclass's method that does not is guarded like any
+#: other.  Inherited; tests/core/test_unknown_keywords.py holds every
+#: kvpool class to it.
 HOT_CALLS = "_hot_calls"
 
 
 class _Missing:
-    """The wrapper's default for a required parameter (never a real argument)."""
+    """The type of :data:`REQUIRED` (never a real argument)."""
 
     __slots__ = ()
 
@@ -367,7 +380,10 @@ class _Missing:
         return "<required>"
 
 
-_MISSING = _Missing()
+#: The default a guarded call gives its required parameters (shown as
+#: ``<required>`` in its signature): a wrapper's, or a hot call's own (see
+#: :func:`refuse_in_place`).  Never a real argument.
+REQUIRED: Any = _Missing()
 
 
 def _owner(fn: Callable[..., Any], kind: str, first: Any) -> str:
@@ -403,7 +419,7 @@ def _refuse(
     args: list[Any] = []
     kwargs: dict[str, Any] = {}
     for name, param_kind, value in given:
-        if value is _MISSING:
+        if value is REQUIRED:
             continue
         if param_kind is P.POSITIONAL_ONLY:
             args.append(value)
@@ -412,6 +428,71 @@ def _refuse(
         else:
             kwargs[name] = value
     return fn(*args, **kwargs)
+
+
+def refuse_in_place(first: object, unknown: Mapping[str, Any], *required: object) -> NoReturn:
+    """The slow path of a hot call that checks its keywords in place; always raises.
+
+    A hot call (:data:`HOT_CALLS`) cannot afford a wrapper, so it takes the
+    wrapper's shape itself: ``**unknown`` (empty on every correct call)
+    and :data:`REQUIRED` as the default of each required parameter, and
+    its first line is one test that calls this::
+
+        def allocate(self, shapes=REQUIRED, dtypes=REQUIRED, fmt=..., **unknown):
+            if unknown or shapes is REQUIRED or dtypes is REQUIRED:
+                refuse_in_place(self, unknown, shapes, dtypes)
+
+    The method itself (for its name and parameters) is the one running in
+    the caller's frame, found on ``type(first)`` (or, for a stand-in
+    ``first``, among the classes of the method's module).
+
+    Args:
+        first: the method's ``self``.
+        unknown: its ``**unknown``.
+        required: the values of its :data:`REQUIRED`-defaulted parameters,
+            in order.
+
+    Raises:
+        ArgumentTypeError: an unknown keyword: the same error a wrapper
+            raises (:func:`check_keywords`, naming the closest known one).
+        TypeError: no unknown keyword but a required argument missing, in
+            Python's own words.
+    """
+    method = _running_method(type(first), sys._getframe(1))
+    if unknown:
+        check_keywords(_owner(method, "method", first), unknown, _named_keywords(method))
+    params = [p for p in inspect.signature(method).parameters.values() if p.default is REQUIRED]
+    missing = [p for p, value in zip(params, required, strict=True) if value is REQUIRED]
+    # Python names the missing positional arguments, else the keyword-only ones.
+    positional = [p for p in missing if p.kind is not inspect.Parameter.KEYWORD_ONLY]
+    missing = positional or missing
+    names = [repr(p.name) for p in missing]
+    listed = f"{', '.join(names[:-1])}, and {names[-1]}" if len(names) > 2 else " and ".join(names)
+    raise TypeError(
+        f"{method.__qualname__}() missing {len(names)} required "
+        f"{'positional' if positional else 'keyword-only'} "
+        f"argument{'s' if len(names) > 1 else ''}: {listed}"
+    )
+
+
+def _running_method(cls: type, frame: types.FrameType) -> Callable[..., Any]:
+    """The method whose code runs in ``frame``: on ``cls`` or a base, else a class of its module."""
+    code = frame.f_code
+    classes = [*cls.__mro__, *(v for v in frame.f_globals.values() if isinstance(v, type))]
+    for klass in classes:
+        for value in vars(klass).values():
+            fn = inspect.unwrap(value) if callable(value) else None
+            if getattr(fn, "__code__", None) is code:
+                return fn  # type: ignore[return-value]
+    raise LookupError(f"refuse_in_place() called outside a method ({code.co_qualname})")
+
+
+@functools.cache
+def _named_keywords(method: Callable[..., Any]) -> frozenset[str]:
+    """The keywords a method that also takes ``**unknown`` names (``self`` left out)."""
+    P = inspect.Parameter
+    params = list(inspect.signature(method).parameters.values())[1:]
+    return frozenset(p.name for p in params if p.kind in (P.POSITIONAL_OR_KEYWORD, P.KEYWORD_ONLY))
 
 
 def _guard_function(fn: Callable[..., Any], kind: str) -> Callable[..., Any]:
@@ -427,7 +508,7 @@ def _guard_function(fn: Callable[..., Any], kind: str) -> Callable[..., Any]:
         return fn  # takes any keyword (and checks them itself), or none at all
     if any(p.name.startswith("_kvpool_") for p in params):
         return fn  # would shadow the wrapper's own names; never the case in kvpool
-    namespace: dict[str, Any] = {"_kvpool_fn": fn, "_kvpool_refuse": _refuse, "_M": _MISSING}
+    namespace: dict[str, Any] = {"_kvpool_fn": fn, "_kvpool_refuse": _refuse, "_M": REQUIRED}
     decl: list[str] = []
     call: list[str] = []
     required: list[str] = []
@@ -476,7 +557,9 @@ def _guard_class(cls: type) -> None:
     """Guard ``cls.__init__`` and the public methods ``cls`` defines, in place."""
     if isinstance(cls, enum.EnumMeta):
         return  # Enum(value) is a lookup (TypedEnumLookup), not a constructor with keywords
-    internal = frozenset(getattr(cls, INTERNAL_CALLS, ())) | frozenset(getattr(cls, HOT_CALLS, ()))
+    # Hot calls are not skipped: kvpool's check in place (they take
+    # **unknown, so _guard_function returns them as they are).
+    internal = frozenset(getattr(cls, INTERNAL_CALLS, ()))
     for name, attr in list(vars(cls).items()):
         if (name.startswith("_") and name != "__init__") or name in internal:
             continue
@@ -513,9 +596,11 @@ def refuse_unknown_keywords(target: _Target) -> _Target:
     For a class: guards, in place, its ``__init__`` and every public method,
     static method and class method it defines itself (inherited ones are
     guarded where they are defined), except those named in its
-    ``_internal_calls`` (:data:`INTERNAL_CALLS`) or ``_hot_calls``
-    (:data:`HOT_CALLS`); returns the class.  Subclasses of
-    :class:`RefusesUnknownKeywords` get this when they are defined.
+    ``_internal_calls`` (:data:`INTERNAL_CALLS`); returns the class.
+    Subclasses of :class:`RefusesUnknownKeywords` get this when they are
+    defined.  Methods that take ``**kwargs`` are left as they are: the hot
+    calls (:data:`HOT_CALLS`) of kvpool's classes take ``**unknown`` and
+    check in place with :func:`refuse_in_place`, which raises the same error.
 
     Idempotent.  Cost: one forwarding call per guarded call (tens of ns).
     """

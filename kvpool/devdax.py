@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from kvpool.allocators import MixedMemoryAllocator
-from kvpool.checks import TypedEnumLookup, check_int
+from kvpool.checks import REQUIRED, TypedEnumLookup, check_int, refuse_in_place
 from kvpool.errors import ArgumentTypeError, InvalidArgumentError, PoolClosedError
 from kvpool.formats import MemoryFormat, normalize_layout
 from kvpool.pool.address import AddressManager
@@ -392,10 +392,11 @@ class DevDaxMemoryAllocator(MemoryAllocatorInterface):
 
     def allocate(
         self,
-        shapes: torch.Size | list[torch.Size],
-        dtypes: torch.dtype | list[torch.dtype],
+        shapes: torch.Size | list[torch.Size] = REQUIRED,
+        dtypes: torch.dtype | list[torch.dtype] = REQUIRED,
         fmt: MemoryFormat = MemoryFormat.KV_2LTD,
         allocator_type: str | None = None,
+        **unknown: Any,
     ) -> MemoryObj | None:
         """One object: from the DRAM pool if it has room, else the first arena that has.
 
@@ -406,6 +407,8 @@ class DevDaxMemoryAllocator(MemoryAllocatorInterface):
             InvalidArgumentError: bad layout or format.
             PoolClosedError: the allocator was closed.
         """
+        if unknown or shapes is REQUIRED or dtypes is REQUIRED:
+            refuse_in_place(self, unknown, shapes, dtypes)
         if self._check_format(fmt):
             return self.buffer_allocator.allocate(shapes, dtypes, fmt)
         if self.local_allocator is not None:
@@ -436,11 +439,12 @@ class DevDaxMemoryAllocator(MemoryAllocatorInterface):
 
     def batched_allocate(
         self,
-        shapes: torch.Size | list[torch.Size],
-        dtypes: torch.dtype | list[torch.dtype],
-        batch_size: int,
+        shapes: torch.Size | list[torch.Size] = REQUIRED,
+        dtypes: torch.dtype | list[torch.dtype] = REQUIRED,
+        batch_size: int = REQUIRED,
         fmt: MemoryFormat = MemoryFormat.KV_2LTD,
         allocator_type: str | None = None,
+        **unknown: Any,
     ) -> list[MemoryObj] | None:
         """``batch_size`` objects, DRAM first, then arena by arena; all or nothing.
 
@@ -451,6 +455,8 @@ class DevDaxMemoryAllocator(MemoryAllocatorInterface):
             InvalidArgumentError: bad layout, format or batch size.
             PoolClosedError: the allocator was closed.
         """
+        if unknown or shapes is REQUIRED or dtypes is REQUIRED or batch_size is REQUIRED:
+            refuse_in_place(self, unknown, shapes, dtypes, batch_size)
         if self._check_format(fmt):
             return self.buffer_allocator.batched_allocate(  # type: ignore[return-value]
                 shapes, dtypes, batch_size, fmt
@@ -486,12 +492,16 @@ class DevDaxMemoryAllocator(MemoryAllocatorInterface):
                 return arena.pool
         raise InvalidArgumentError(f"{memory_obj!r} does not belong to this DevDaxMemoryAllocator")
 
-    def free(self, memory_obj: MemoryObj, allocator_type: str | None = None) -> None:
+    def free(
+        self, memory_obj: MemoryObj = REQUIRED, allocator_type: str | None = None, **unknown: Any
+    ) -> None:
         """Give an object back now (normally its last ``ref_count_down`` does).
 
         Raises:
             InvalidArgumentError: the object is not this allocator's.
         """
+        if unknown or memory_obj is REQUIRED:
+            refuse_in_place(self, unknown, memory_obj)
         if _check_obj(memory_obj).get_memory_format() is MemoryFormat.BINARY_BUFFER:
             return
         with self.host_mem_lock:
@@ -500,9 +510,10 @@ class DevDaxMemoryAllocator(MemoryAllocatorInterface):
 
     def batched_free(
         self,
-        memory_objs: list[MemoryObj],
+        memory_objs: list[MemoryObj] = REQUIRED,
         allocator_type: str | None = None,
         update_stats: bool = True,
+        **unknown: Any,
     ) -> None:
         """Free every object of the list into the pool it came from.
 
@@ -510,6 +521,8 @@ class DevDaxMemoryAllocator(MemoryAllocatorInterface):
             InvalidArgumentError: an object is not this allocator's (nothing
                 is freed then).
         """
+        if unknown or memory_objs is REQUIRED:
+            refuse_in_place(self, unknown, memory_objs)
         if not isinstance(memory_objs, (list, tuple)):
             raise InvalidArgumentError(
                 f"batched_free takes a list of memory objects, got {type(memory_objs).__name__}"

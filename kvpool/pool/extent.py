@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from kvpool.checks import check_batch_size
+from kvpool.checks import REQUIRED, check_batch_size, refuse_in_place
 from kvpool.errors import InvalidArgumentError
 from kvpool.formats import MemoryFormat, normalize_layout
 from kvpool.pool.address import AddressManager
@@ -147,10 +147,11 @@ class TensorMemoryAllocator(PlacementPolicy):
 
     def allocate(
         self,
-        shapes: torch.Size | list[torch.Size],
-        dtypes: torch.dtype | list[torch.dtype],
+        shapes: torch.Size | list[torch.Size] = REQUIRED,
+        dtypes: torch.dtype | list[torch.dtype] = REQUIRED,
         fmt: MemoryFormat = MemoryFormat.KV_2LTD,
         allocator_type: str | None = None,
+        **unknown: Any,
     ) -> TensorMemoryObj | None:
         """Allocate one object of the given layout.
 
@@ -171,6 +172,8 @@ class TensorMemoryAllocator(PlacementPolicy):
 
         Complexity: O(1).
         """
+        if unknown or shapes is REQUIRED or dtypes is REQUIRED:
+            refuse_in_place(self, unknown, shapes, dtypes)
         shape_list, dtype_list, nbytes = _layout(shapes, dtypes)
         if fmt.__class__ is not MemoryFormat:
             check_format(fmt)
@@ -195,11 +198,12 @@ class TensorMemoryAllocator(PlacementPolicy):
 
     def batched_allocate(
         self,
-        shapes: torch.Size | list[torch.Size],
-        dtypes: torch.dtype | list[torch.dtype],
-        batch_size: int,
+        shapes: torch.Size | list[torch.Size] = REQUIRED,
+        dtypes: torch.dtype | list[torch.dtype] = REQUIRED,
+        batch_size: int = REQUIRED,
         fmt: MemoryFormat = MemoryFormat.KV_2LTD,
         allocator_type: str | None = None,
+        **unknown: Any,
     ) -> list[TensorMemoryObj] | None:
         """Allocate ``batch_size`` objects of one layout, all or nothing.
 
@@ -217,6 +221,8 @@ class TensorMemoryAllocator(PlacementPolicy):
 
         Complexity: O(batch_size).
         """
+        if unknown or shapes is REQUIRED or dtypes is REQUIRED or batch_size is REQUIRED:
+            refuse_in_place(self, unknown, shapes, dtypes, batch_size)
         shape_list, dtype_list, nbytes = _layout(shapes, dtypes)
         check_format(fmt)
         check_batch_size(batch_size)
@@ -280,9 +286,10 @@ class TensorMemoryAllocator(PlacementPolicy):
 
     def batched_free(
         self,
-        memory_objs: list[MemoryObj],
+        memory_objs: list[MemoryObj] = REQUIRED,
         allocator_type: str | None = None,
         update_stats: bool = True,
+        **unknown: Any,
     ) -> None:
         """Free every object of the list once.
 
@@ -296,6 +303,8 @@ class TensorMemoryAllocator(PlacementPolicy):
 
         Complexity: O(k log k) for k objects.
         """
+        if unknown or memory_objs is REQUIRED:
+            refuse_in_place(self, unknown, memory_objs)
         check_object_list(memory_objs, "batched_free")
         if not memory_objs:
             return

@@ -5,10 +5,11 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from kvpool.checks import RefusesUnknownKeywords, check_int
+from kvpool.checks import REQUIRED, RefusesUnknownKeywords, check_int, refuse_in_place
 from kvpool.errors import FeatureUnavailableError
 from kvpool.formats import MemoryFormat, normalize_layout
 from kvpool.pool.objects import MemoryObj
@@ -99,8 +100,11 @@ class MemoryAllocatorInterface(RefusesUnknownKeywords, metaclass=abc.ABCMeta):
     """What every allocator offers: allocate, free, batched forms, close.
 
     Every public call refuses an unknown keyword naming the closest known
-    one (:func:`kvpool.checks.refuse_unknown_keywords`), except the
-    allocation hot path below, where the wrapper's cost would show.
+    one (:func:`kvpool.checks.refuse_unknown_keywords`).  The allocation
+    hot path (``_hot_calls``) does it in place, as below, for the cost of
+    one test: ``**unknown``, :data:`~kvpool.checks.REQUIRED` defaults for
+    the required arguments, and :func:`~kvpool.checks.refuse_in_place` on
+    the first line.  An implementation that does not gets a wrapper.
     """
 
     _hot_calls = frozenset(("allocate", "batched_allocate", "free", "batched_free"))
@@ -108,10 +112,11 @@ class MemoryAllocatorInterface(RefusesUnknownKeywords, metaclass=abc.ABCMeta):
     @abc.abstractmethod
     def allocate(
         self,
-        shapes: torch.Size | list[torch.Size],
-        dtypes: torch.dtype | list[torch.dtype],
+        shapes: torch.Size | list[torch.Size] = REQUIRED,
+        dtypes: torch.dtype | list[torch.dtype] = REQUIRED,
         fmt: MemoryFormat = MemoryFormat.UNDEFINED,
         allocator_type: str | None = None,
+        **unknown: Any,
     ) -> MemoryObj | None:
         """Allocate one object of the given shape(s) and dtype(s).
 
@@ -123,35 +128,52 @@ class MemoryAllocatorInterface(RefusesUnknownKeywords, metaclass=abc.ABCMeta):
 
         Returns:
             The new object (reference count 1), or None when the pool is full.
+
+        Raises:
+            ArgumentTypeError: an unknown keyword (a ``TypeError`` naming
+                the closest known one); a missing argument raises Python's
+                ``TypeError``.
         """
+        if unknown or shapes is REQUIRED or dtypes is REQUIRED:
+            refuse_in_place(self, unknown, shapes, dtypes)
 
     @abc.abstractmethod
     def batched_allocate(
         self,
-        shapes: torch.Size | list[torch.Size],
-        dtypes: torch.dtype | list[torch.dtype],
-        batch_size: int,
+        shapes: torch.Size | list[torch.Size] = REQUIRED,
+        dtypes: torch.dtype | list[torch.dtype] = REQUIRED,
+        batch_size: int = REQUIRED,
         fmt: MemoryFormat = MemoryFormat.UNDEFINED,
         allocator_type: str | None = None,
+        **unknown: Any,
     ) -> list[MemoryObj] | None:
         """Allocate ``batch_size`` equal objects, all or nothing.
 
         Returns:
             The objects, or None when the pool cannot hold them all.
         """
+        if unknown or shapes is REQUIRED or dtypes is REQUIRED or batch_size is REQUIRED:
+            refuse_in_place(self, unknown, shapes, dtypes, batch_size)
 
     @abc.abstractmethod
-    def free(self, memory_obj: MemoryObj, allocator_type: str | None = None) -> None:
+    def free(
+        self, memory_obj: MemoryObj = REQUIRED, allocator_type: str | None = None, **unknown: Any
+    ) -> None:
         """Give an object's memory back at once (normally ``ref_count_down`` does it)."""
+        if unknown or memory_obj is REQUIRED:
+            refuse_in_place(self, unknown, memory_obj)
 
     @abc.abstractmethod
     def batched_free(
         self,
-        memory_objs: list[MemoryObj],
+        memory_objs: list[MemoryObj] = REQUIRED,
         allocator_type: str | None = None,
         update_stats: bool = True,
+        **unknown: Any,
     ) -> None:
         """Free every object of the list once (the list itself is not modified)."""
+        if unknown or memory_objs is REQUIRED:
+            refuse_in_place(self, unknown, memory_objs)
 
     def close(self) -> None:
         """Release the allocator's resources; safe to call more than once."""

@@ -48,7 +48,15 @@ import torch
 
 import kvpool.native.calls as _native
 import kvpool.native.limits as limits
-from kvpool.checks import check_bool, check_int, check_keywords, check_seconds, check_size
+from kvpool.checks import (
+    REQUIRED,
+    check_bool,
+    check_int,
+    check_keywords,
+    check_seconds,
+    check_size,
+    refuse_in_place,
+)
 from kvpool.errors import MemoryLimitError
 from kvpool.formats import MemoryFormat
 from kvpool.native.numa import resolve_numa_node
@@ -245,28 +253,35 @@ class LazyMemoryAllocator(MemoryPool):
 
     def allocate(
         self,
-        shapes: torch.Size | list[torch.Size],
-        dtypes: torch.dtype | list[torch.dtype],
+        shapes: torch.Size | list[torch.Size] = REQUIRED,
+        dtypes: torch.dtype | list[torch.dtype] = REQUIRED,
         fmt: MemoryFormat = MemoryFormat.UNDEFINED,
         allocator_type: str | None = None,
+        **unknown: Any,
     ) -> MemoryObj | None:
         """Allocate one object (default format ``UNDEFINED``, as in LMCache).
 
         Returns:
             The object, or None while the grown space cannot hold it.
         """
-        return super().allocate(shapes, dtypes, fmt, allocator_type)
+        if unknown or shapes is REQUIRED or dtypes is REQUIRED:
+            refuse_in_place(self, unknown, shapes, dtypes)
+        # MemoryPool.allocate's work without its check (see MemoryPool._placer).
+        return self._placer(fmt).allocate(shapes, dtypes, fmt)
 
     def batched_allocate(
         self,
-        shapes: torch.Size | list[torch.Size],
-        dtypes: torch.dtype | list[torch.dtype],
-        batch_size: int,
+        shapes: torch.Size | list[torch.Size] = REQUIRED,
+        dtypes: torch.dtype | list[torch.dtype] = REQUIRED,
+        batch_size: int = REQUIRED,
         fmt: MemoryFormat = MemoryFormat.UNDEFINED,
         allocator_type: str | None = None,
+        **unknown: Any,
     ) -> list[MemoryObj] | None:
         """Allocate ``batch_size`` objects, all or nothing (default format ``UNDEFINED``)."""
-        return super().batched_allocate(shapes, dtypes, batch_size, fmt, allocator_type)
+        if unknown or shapes is REQUIRED or dtypes is REQUIRED or batch_size is REQUIRED:
+            refuse_in_place(self, unknown, shapes, dtypes, batch_size)
+        return self._placer(fmt).batched_allocate(shapes, dtypes, batch_size, fmt)
 
     def get_underlying_buffer(self) -> torch.Tensor:
         """The whole reserved range as a flat ``uint8`` tensor (for RDMA registration).

@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from kvpool.checks import check_batch_size
+from kvpool.checks import REQUIRED, check_batch_size, refuse_in_place
 from kvpool.errors import ArgumentTypeError, InvalidArgumentError
 from kvpool.formats import MemoryFormat, normalize_layout
 from kvpool.pool.arena import arena_from_tensor
@@ -291,10 +291,11 @@ class PagedTensorMemoryAllocator(PlacementPolicy):
 
     def allocate(
         self,
-        shapes: torch.Size | list[torch.Size],
-        dtypes: torch.dtype | list[torch.dtype],
+        shapes: torch.Size | list[torch.Size] = REQUIRED,
+        dtypes: torch.dtype | list[torch.dtype] = REQUIRED,
         fmt: MemoryFormat = MemoryFormat.KV_2LTD,
         allocator_type: str | None = None,
+        **unknown: Any,
     ) -> TensorMemoryObj | None:
         """Allocate one page for an object of the given layout.
 
@@ -311,6 +312,8 @@ class PagedTensorMemoryAllocator(PlacementPolicy):
 
         Complexity: O(1).
         """
+        if unknown or shapes is REQUIRED or dtypes is REQUIRED:
+            refuse_in_place(self, unknown, shapes, dtypes)
         if (
             shapes.__class__ is _Size
             and dtypes is self._default_dtype
@@ -358,11 +361,12 @@ class PagedTensorMemoryAllocator(PlacementPolicy):
 
     def batched_allocate(
         self,
-        shapes: torch.Size | list[torch.Size],
-        dtypes: torch.dtype | list[torch.dtype],
-        batch_size: int,
+        shapes: torch.Size | list[torch.Size] = REQUIRED,
+        dtypes: torch.dtype | list[torch.dtype] = REQUIRED,
+        batch_size: int = REQUIRED,
         fmt: MemoryFormat = MemoryFormat.KV_2LTD,
         allocator_type: str | None = None,
+        **unknown: Any,
     ) -> list[TensorMemoryObj] | None:
         """Allocate ``batch_size`` pages, all or nothing.
 
@@ -376,6 +380,8 @@ class PagedTensorMemoryAllocator(PlacementPolicy):
 
         Complexity: O(batch_size).
         """
+        if unknown or shapes is REQUIRED or dtypes is REQUIRED or batch_size is REQUIRED:
+            refuse_in_place(self, unknown, shapes, dtypes, batch_size)
         shape_list, dtype_list, nbytes, default = self._layout(shapes, dtypes)
         check_format(fmt)
         check_batch_size(batch_size)
@@ -456,9 +462,10 @@ class PagedTensorMemoryAllocator(PlacementPolicy):
 
     def batched_free(
         self,
-        memory_objs: list[MemoryObj],
+        memory_objs: list[MemoryObj] = REQUIRED,
         allocator_type: str | None = None,
         update_stats: bool = True,
+        **unknown: Any,
     ) -> None:
         """Free every object of the list once (the list is not modified).
 
@@ -471,6 +478,8 @@ class PagedTensorMemoryAllocator(PlacementPolicy):
 
         Complexity: O(k).
         """
+        if unknown or memory_objs is REQUIRED:
+            refuse_in_place(self, unknown, memory_objs)
         check_object_list(memory_objs, "batched_free")
         if not memory_objs:
             return

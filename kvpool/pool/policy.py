@@ -48,7 +48,7 @@ from typing import Any
 
 import torch
 
-from kvpool.checks import check_bool
+from kvpool.checks import REQUIRED, check_bool, refuse_in_place
 from kvpool.errors import (
     AddressSpaceExhaustedError,
     ArgumentTypeError,
@@ -426,7 +426,9 @@ class PlacementPolicy(MemoryAllocatorInterface):
             return True
         return False
 
-    def free(self, memory_obj: MemoryObj, allocator_type: str | None = None) -> None:
+    def free(
+        self, memory_obj: MemoryObj = REQUIRED, allocator_type: str | None = None, **unknown: Any
+    ) -> None:
         """Give an object's memory back now, whatever its counts.
 
         Normally the last ``ref_count_down`` does this.  Freeing an object
@@ -436,6 +438,8 @@ class PlacementPolicy(MemoryAllocatorInterface):
         Raises:
             InvalidHandleError: the object belongs to another allocator.
         """
+        if unknown or memory_obj is REQUIRED:
+            refuse_in_place(self, unknown, memory_obj)
         obj = self._check_owned(memory_obj)
         lock = self.lock
         lock.acquire()

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -31,7 +31,15 @@ import torch
 import kvpool.native.limits as limits
 import kvpool.pool.extent
 import kvpool.pool.paged  # noqa: F401 - registers the paged policy
-from kvpool.checks import check_batch_size, check_bool, check_int, check_power_of_two, check_size
+from kvpool.checks import (
+    REQUIRED,
+    check_batch_size,
+    check_bool,
+    check_int,
+    check_power_of_two,
+    check_size,
+    refuse_in_place,
+)
 from kvpool.errors import (
     ArgumentTypeError,
     InvalidArgumentError,
@@ -42,6 +50,7 @@ from kvpool.errors import (
 from kvpool.formats import MAX_LAYOUT_BYTES, MemoryFormat, format_hint
 from kvpool.misuse import ReportOnce
 from kvpool.pool.backing import Backing
+from kvpool.pool.handle import TensorMemoryObj
 from kvpool.pool.interface import MemoryAllocatorInterface, PoolStats
 from kvpool.pool.monitor import live_pools, register_pool
 from kvpool.pool.objects import MemoryObj
@@ -181,10 +190,11 @@ class BufferAllocator(MemoryAllocatorInterface):
 
     def allocate(
         self,
-        shapes: torch.Size | list[torch.Size],
-        dtypes: torch.dtype | list[torch.dtype],
+        shapes: torch.Size | list[torch.Size] = REQUIRED,
+        dtypes: torch.dtype | list[torch.dtype] = REQUIRED,
         fmt: MemoryFormat = MemoryFormat.BINARY_BUFFER,
         allocator_type: str | None = None,
+        **unknown: Any,
     ) -> BytesBufferMemoryObj | None:
         """A zeroed byte buffer of ``shapes[0]`` bytes (the dtype is ignored).
 
@@ -198,6 +208,8 @@ class BufferAllocator(MemoryAllocatorInterface):
                 (cgroup or host; an ``OutOfMemoryError``).
             OutOfMemoryError: the machine has no memory for it.
         """
+        if unknown or shapes is REQUIRED or dtypes is REQUIRED:
+            refuse_in_place(self, unknown, shapes, dtypes)
         n = self._length(shapes)
         if not self._fits(n, 1, "allocate"):
             return None
@@ -205,11 +217,12 @@ class BufferAllocator(MemoryAllocatorInterface):
 
     def batched_allocate(
         self,
-        shapes: torch.Size | list[torch.Size],
-        dtypes: torch.dtype | list[torch.dtype],
-        batch_size: int,
+        shapes: torch.Size | list[torch.Size] = REQUIRED,
+        dtypes: torch.dtype | list[torch.dtype] = REQUIRED,
+        batch_size: int = REQUIRED,
         fmt: MemoryFormat = MemoryFormat.BINARY_BUFFER,
         allocator_type: str | None = None,
+        **unknown: Any,
     ) -> list[BytesBufferMemoryObj] | None:
         """``batch_size`` zeroed byte buffers (None when beyond ``max_bytes``).
 
@@ -218,22 +231,31 @@ class BufferAllocator(MemoryAllocatorInterface):
             OutOfMemoryError: the machine has no memory for them (MemoryLimitError:
                 large buffers that do not fit in the memory left).
         """
+        if unknown or shapes is REQUIRED or dtypes is REQUIRED or batch_size is REQUIRED:
+            refuse_in_place(self, unknown, shapes, dtypes, batch_size)
         n = self._length(shapes)
         check_batch_size(batch_size)
         if not self._fits(n, batch_size, "batched_allocate"):
             return None
         return [BytesBufferMemoryObj(self._buffer(n)) for _ in range(batch_size)]
 
-    def free(self, memory_obj: MemoryObj, allocator_type: str | None = None) -> None:
+    def free(
+        self, memory_obj: MemoryObj = REQUIRED, allocator_type: str | None = None, **unknown: Any
+    ) -> None:
         """Nothing to do: the buffer is garbage-collected."""
+        if unknown or memory_obj is REQUIRED:
+            refuse_in_place(self, unknown, memory_obj)
 
     def batched_free(
         self,
-        memory_objs: list[MemoryObj],
+        memory_objs: list[MemoryObj] = REQUIRED,
         allocator_type: str | None = None,
         update_stats: bool = True,
+        **unknown: Any,
     ) -> None:
         """Nothing to do: the buffers are garbage-collected."""
+        if unknown or memory_objs is REQUIRED:
+            refuse_in_place(self, unknown, memory_objs)
 
     def __str__(self) -> str:
         return "BufferAllocator"
@@ -370,16 +392,22 @@ class MemoryPool(MemoryAllocatorInterface):
 
     # -- allocation ----------------------------------------------------
 
-    def _check_format(self, fmt: object) -> bool:
-        """True for a byte-buffer request, False for the pool; raise otherwise."""
+    # The hot calls check their keywords in place (kvpool.checks.HOT_CALLS)
+    # and reach the policy through the helpers below, never through each
+    # other (nor super()): so do the subclasses' (IndexedPool,
+    # LazyMemoryAllocator), and a call pays for two checks, the pool's and
+    # the policy's, whatever the class.
+
+    def _placer(self, fmt: object) -> MemoryAllocatorInterface:
+        """The allocator placing ``fmt``: the policy, or the byte buffers; raise otherwise."""
         try:
             if fmt in self._formats:
-                return False
+                return self.allocator  # type: ignore[no-any-return]
         except TypeError:  # unhashable: not a format (refused below)
             pass
         else:
             if fmt is MemoryFormat.BINARY_BUFFER and self.buffer_allocator is not None:
-                return True
+                return self.buffer_allocator
         supported = sorted(f.name for f in self._formats)
         if self.buffer_allocator is not None:
             supported.append("BINARY_BUFFER")
@@ -389,12 +417,24 @@ class MemoryPool(MemoryAllocatorInterface):
             f"supported: MemoryFormat.{', MemoryFormat.'.join(supported)}{format_hint(fmt)}"
         )
 
+    def _is_byte_buffer(self, memory_obj: object) -> bool:
+        """True for an object of the pool's byte buffers (freeing it needs nothing)."""
+        return self.buffer_allocator is not None and isinstance(memory_obj, BytesBufferMemoryObj)
+
+    def _pool_objects(self, memory_objs: object) -> Sequence[MemoryObj]:
+        """The list argument of a batched free, validated, without byte-buffer objects."""
+        objs = check_object_list(memory_objs, "batched_free")
+        if self.buffer_allocator is None:
+            return objs
+        return [o for o in objs if not isinstance(o, BytesBufferMemoryObj)]
+
     def allocate(
         self,
-        shapes: torch.Size | list[torch.Size],
-        dtypes: torch.dtype | list[torch.dtype],
+        shapes: torch.Size | list[torch.Size] = REQUIRED,
+        dtypes: torch.dtype | list[torch.dtype] = REQUIRED,
         fmt: MemoryFormat = MemoryFormat.KV_2LTD,
         allocator_type: str | None = None,
+        **unknown: Any,
     ) -> MemoryObj | None:
         """Allocate one object (see :meth:`TensorMemoryAllocator.allocate`).
 
@@ -405,17 +445,18 @@ class MemoryPool(MemoryAllocatorInterface):
             InvalidArgumentError: bad layout or unsupported format.
             PoolClosedError: the pool was closed.
         """
-        if self._check_format(fmt):
-            return self.buffer_allocator.allocate(shapes, dtypes, fmt)  # type: ignore[union-attr]
-        return self.allocator.allocate(shapes, dtypes, fmt)
+        if unknown or shapes is REQUIRED or dtypes is REQUIRED:
+            refuse_in_place(self, unknown, shapes, dtypes)
+        return self._placer(fmt).allocate(shapes, dtypes, fmt)
 
     def batched_allocate(
         self,
-        shapes: torch.Size | list[torch.Size],
-        dtypes: torch.dtype | list[torch.dtype],
-        batch_size: int,
+        shapes: torch.Size | list[torch.Size] = REQUIRED,
+        dtypes: torch.dtype | list[torch.dtype] = REQUIRED,
+        batch_size: int = REQUIRED,
         fmt: MemoryFormat = MemoryFormat.KV_2LTD,
         allocator_type: str | None = None,
+        **unknown: Any,
     ) -> list[MemoryObj] | None:
         """Allocate ``batch_size`` objects, all or nothing (None when full).
 
@@ -423,15 +464,13 @@ class MemoryPool(MemoryAllocatorInterface):
             InvalidArgumentError: bad layout, batch size or format.
             PoolClosedError: the pool was closed.
         """
-        if self._check_format(fmt):
-            return self.buffer_allocator.batched_allocate(  # type: ignore[union-attr, return-value]
-                shapes, dtypes, batch_size, fmt
-            )
-        return self.allocator.batched_allocate(  # type: ignore[return-value]
-            shapes, dtypes, batch_size, fmt
-        )
+        if unknown or shapes is REQUIRED or dtypes is REQUIRED or batch_size is REQUIRED:
+            refuse_in_place(self, unknown, shapes, dtypes, batch_size)
+        return self._placer(fmt).batched_allocate(shapes, dtypes, batch_size, fmt)
 
-    def free(self, memory_obj: MemoryObj, allocator_type: str | None = None) -> None:
+    def free(
+        self, memory_obj: MemoryObj = REQUIRED, allocator_type: str | None = None, **unknown: Any
+    ) -> None:
         """Give an object back now (normally the last ``ref_count_down`` does).
 
         Byte-buffer objects need nothing.
@@ -439,15 +478,18 @@ class MemoryPool(MemoryAllocatorInterface):
         Raises:
             InvalidHandleError: the object belongs to another pool.
         """
-        if isinstance(memory_obj, BytesBufferMemoryObj) and self.buffer_allocator is not None:
+        if unknown or memory_obj is REQUIRED:
+            refuse_in_place(self, unknown, memory_obj)
+        if memory_obj.__class__ is not TensorMemoryObj and self._is_byte_buffer(memory_obj):
             return
         self.allocator.free(memory_obj)
 
     def batched_free(
         self,
-        memory_objs: list[MemoryObj],
+        memory_objs: list[MemoryObj] = REQUIRED,
         allocator_type: str | None = None,
         update_stats: bool = True,
+        **unknown: Any,
     ) -> None:
         """Free each object of the list once, each by its own kind.
 
@@ -457,10 +499,9 @@ class MemoryPool(MemoryAllocatorInterface):
         Raises:
             InvalidHandleError: an object belongs to another pool.
         """
-        check_object_list(memory_objs, "batched_free")
-        if self.buffer_allocator is not None:
-            memory_objs = [o for o in memory_objs if not isinstance(o, BytesBufferMemoryObj)]
-        self.allocator.batched_free(memory_objs)
+        if unknown or memory_objs is REQUIRED:
+            refuse_in_place(self, unknown, memory_objs)
+        self.allocator.batched_free(self._pool_objects(memory_objs))
 
     # -- state ---------------------------------------------------------
 

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from kvpool.checks import REQUIRED, refuse_in_place
 from kvpool.errors import FeatureUnavailableError, InvalidArgumentError, InvalidHandleError
 from kvpool.formats import MemoryFormat, normalize_layout
 from kvpool.native.spec import HostSpec
@@ -146,13 +147,17 @@ class IndexedPool(MemoryPool):
 
     def allocate(
         self,
-        shapes: torch.Size | list[torch.Size],
-        dtypes: torch.dtype | list[torch.dtype],
+        shapes: torch.Size | list[torch.Size] = REQUIRED,
+        dtypes: torch.dtype | list[torch.dtype] = REQUIRED,
         fmt: MemoryFormat = MemoryFormat.KV_2LTD,
         allocator_type: str | None = None,
+        **unknown: Any,
     ) -> MemoryObj | None:
         """Allocate one object (see :meth:`MemoryPool.allocate`) and index it."""
-        obj = super().allocate(shapes, dtypes, fmt, allocator_type)
+        if unknown or shapes is REQUIRED or dtypes is REQUIRED:
+            refuse_in_place(self, unknown, shapes, dtypes)
+        # MemoryPool.allocate's work without its check (see MemoryPool._placer).
+        obj = self._placer(fmt).allocate(shapes, dtypes, fmt)
         index = self._index
         if index is not None and obj is not None and obj.__class__ is TensorMemoryObj:
             _record_or_free(index, obj)
@@ -160,14 +165,17 @@ class IndexedPool(MemoryPool):
 
     def batched_allocate(
         self,
-        shapes: torch.Size | list[torch.Size],
-        dtypes: torch.dtype | list[torch.dtype],
-        batch_size: int,
+        shapes: torch.Size | list[torch.Size] = REQUIRED,
+        dtypes: torch.dtype | list[torch.dtype] = REQUIRED,
+        batch_size: int = REQUIRED,
         fmt: MemoryFormat = MemoryFormat.KV_2LTD,
         allocator_type: str | None = None,
+        **unknown: Any,
     ) -> list[MemoryObj] | None:
         """Allocate ``batch_size`` objects (see :meth:`MemoryPool.batched_allocate`), indexed."""
-        objs = super().batched_allocate(shapes, dtypes, batch_size, fmt, allocator_type)
+        if unknown or shapes is REQUIRED or dtypes is REQUIRED or batch_size is REQUIRED:
+            refuse_in_place(self, unknown, shapes, dtypes, batch_size)
+        objs = self._placer(fmt).batched_allocate(shapes, dtypes, batch_size, fmt)
         index = self._index
         if index is not None and objs:
             for obj in objs:
@@ -175,26 +183,37 @@ class IndexedPool(MemoryPool):
                     _record_or_free(index, obj)
         return objs
 
-    def free(self, memory_obj: MemoryObj, allocator_type: str | None = None) -> None:
+    def free(
+        self, memory_obj: MemoryObj = REQUIRED, allocator_type: str | None = None, **unknown: Any
+    ) -> None:
         """Free one object now (see :meth:`MemoryPool.free`); its index entry goes first."""
+        if unknown or memory_obj is REQUIRED:
+            refuse_in_place(self, unknown, memory_obj)
         index = self._index
         if index is not None and memory_obj.__class__ is TensorMemoryObj:
             index.forget(memory_obj)
-        super().free(memory_obj, allocator_type)
+        # MemoryPool.free's work without its check.
+        if memory_obj.__class__ is not TensorMemoryObj and self._is_byte_buffer(memory_obj):
+            return
+        self.allocator.free(memory_obj)
 
     def batched_free(
         self,
-        memory_objs: list[MemoryObj],
+        memory_objs: list[MemoryObj] = REQUIRED,
         allocator_type: str | None = None,
         update_stats: bool = True,
+        **unknown: Any,
     ) -> None:
         """Free each object once (see :meth:`MemoryPool.batched_free`); index entries go first."""
+        if unknown or memory_objs is REQUIRED:
+            refuse_in_place(self, unknown, memory_objs)
+        objs = self._pool_objects(memory_objs)
         index = self._index
-        if index is not None and isinstance(memory_objs, (list, tuple)):
-            for obj in memory_objs:
+        if index is not None:
+            for obj in objs:
                 if obj.__class__ is TensorMemoryObj:
                     index.forget(obj)
-        super().batched_free(memory_objs, allocator_type, update_stats)
+        self.allocator.batched_free(objs)
 
     def publish(self, key: str, memory_obj: MemoryObj) -> None:
         """Describe ``memory_obj`` under ``key`` in the shared index.

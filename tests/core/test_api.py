@@ -200,9 +200,11 @@ def _assert_compatible(owner: str, method: str, expected: list[tuple[str, object
         assert p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD), (
             f"{owner}.{method}: {p.name} cannot be passed by position"
         )
-    # Anything kvpool adds must not break a reference call.
+    # Anything kvpool adds must not break a reference call (a ``**unknown``
+    # catch-all is there to refuse a misspelt keyword: kvpool.checks.HOT_CALLS).
     for extra in params[len(expected) :]:
-        assert extra.kind is extra.KEYWORD_ONLY or extra.default is not NOT_SET, (
+        optional = extra.kind in (extra.KEYWORD_ONLY, extra.VAR_KEYWORD)
+        assert optional or extra.default is not NOT_SET, (
             f"{owner}.{method} adds a required parameter {extra.name!r}"
         )
 

@@ -9,8 +9,16 @@ its code runs, so no real argument is needed.  The error must be kvpool's
 ``ArgumentTypeError`` (a ``TypeError``) naming the keyword as misspelt and
 suggesting the right one.  A new public call is covered by the walk as soon
 as it is exported; the only calls left to Python's own ``TypeError`` are the
-ones a class declares hot (``_hot_calls``: a wrapper's cost shows there) or
-internal (``_internal_calls``, ``*_locked``: kvpool's own contracts).
+ones a class declares internal (``_internal_calls``, ``*_locked``: kvpool's
+own contracts).
+
+The calls a class declares hot (``_hot_calls``: a pool's allocate/free
+family, where a wrapper's cost shows) are walked too, over every exported
+class and every allocator class kvpool defines: each must check in place
+(``**unknown`` and ``kvpool.checks.refuse_in_place`` on its first line, no
+wrapper), refuse every one of its keywords misspelt, and report a missing
+argument in Python's own words.  A new pool class whose ``allocate`` forgets
+the check fails that walk.
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ import pytest
 
 import kvpool
 import kvpool.remote
-from kvpool.checks import HOT_CALLS, INTERNAL_CALLS
+from kvpool.checks import HOT_CALLS, INTERNAL_CALLS, REQUIRED
 from kvpool.errors import ArgumentTypeError
 
 P = inspect.Parameter
@@ -44,9 +52,7 @@ def _calls() -> Iterator[tuple[str, Callable[..., Any], str, Any]]:
         if isinstance(value, type):
             if issubclass(value, (BaseException, enum.Enum)):
                 continue
-            skipped = frozenset(getattr(value, INTERNAL_CALLS, ())) | frozenset(
-                getattr(value, HOT_CALLS, ())
-            )
+            skipped = frozenset(getattr(value, INTERNAL_CALLS, ()))
             for name in ["__init__", *dir(value)]:
                 if (name.startswith("_") and name != "__init__") or name in skipped:
                     continue
@@ -69,9 +75,14 @@ def _calls() -> Iterator[tuple[str, Callable[..., Any], str, Any]]:
             yield qualname, value, "function", None
 
 
-def _keywords(fn: Callable[..., Any], kind: str) -> list[str] | None:
+def _hot(fn: Callable[..., Any], owner: Any) -> bool:
+    """True for a call ``owner`` declares hot: it takes ``**unknown`` and checks in place."""
+    return owner is not None and fn.__name__ in getattr(owner, HOT_CALLS, ())
+
+
+def _keywords(fn: Callable[..., Any], kind: str, owner: Any = None) -> list[str] | None:
     params = list(inspect.signature(fn).parameters.values())[0 if kind == "function" else 1 :]
-    if any(p.kind is P.VAR_KEYWORD for p in params):
+    if any(p.kind is P.VAR_KEYWORD for p in params) and not _hot(fn, owner):
         return None
     return [p.name for p in params if p.kind in (P.POSITIONAL_OR_KEYWORD, P.KEYWORD_ONLY)]
 
@@ -120,7 +131,7 @@ def test_the_walk_finds_the_calls_the_issue_names() -> None:
 def test_a_misspelt_keyword_names_the_closest_one(
     call_id: str, fn: Callable[..., Any], kind: str, owner: Any
 ) -> None:
-    keywords = _keywords(fn, kind)
+    keywords = _keywords(fn, kind, owner)
     if keywords is None:  # takes **kwargs: checks its own (check_keywords); see below
         return
     if not keywords:
@@ -136,7 +147,7 @@ def test_a_misspelt_keyword_names_the_closest_one(
 
 
 # Calls that take **kwargs check them themselves, before doing anything else.
-KWARGS_CALLS = [c for c in CALLS if _keywords(c[1], c[2]) is None]
+KWARGS_CALLS = [c for c in CALLS if _keywords(c[1], c[2], c[3]) is None]
 
 
 @pytest.mark.parametrize(
@@ -197,22 +208,6 @@ def test_the_messages_name_the_class_called() -> None:
     pool.close()
 
 
-def test_hot_calls_keep_python_s_type_error() -> None:
-    """The pools' allocate/free family is declared hot: Python's own TypeError, nothing slower."""
-    assert kvpool.MemoryAllocatorInterface._hot_calls == {  # type: ignore[attr-defined]
-        "allocate",
-        "batched_allocate",
-        "free",
-        "batched_free",
-    }
-    pool = kvpool.TensorMemoryAllocator(
-        __import__("torch").empty(1 << 16, dtype=__import__("torch").uint8)
-    )
-    with pytest.raises(TypeError, match="dtype"):
-        pool.allocate(__import__("torch").Size([4]), dtype=__import__("torch").uint8)  # type: ignore[call-arg]
-    pool.close()
-
-
 def test_a_type_error_raised_inside_a_call_is_untouched() -> None:
     from kvpool.checks import refuse_unknown_keywords
 
@@ -252,3 +247,160 @@ def test_a_user_subclass_of_a_store_is_covered() -> None:
         pytest.raises(ArgumentTypeError, match=r"MyStore\.get\(\).*did you mean 'shapes'"),
     ):
         store.get("k", None, shape=1)
+
+
+# -- hot calls: checked in place -------------------------------------------
+
+
+def _subclasses(cls: type) -> Iterator[type]:
+    for sub in cls.__subclasses__():
+        yield sub
+        yield from _subclasses(sub)
+
+
+def _hot_calls() -> Iterator[tuple[str, type, Callable[..., Any]]]:
+    """``(qualified name, class, function)`` of the hot calls of exported and kvpool classes."""
+    classes = [v for _, v in _exported() if isinstance(v, type)]
+    classes += [
+        c
+        for c in _subclasses(kvpool.MemoryAllocatorInterface)
+        if c.__module__.startswith("kvpool.")
+    ]
+    seen: set[int] = set()
+    for owner in classes:
+        for name in sorted(getattr(owner, HOT_CALLS, ())):
+            fn = inspect.getattr_static(owner, name, None)
+            if inspect.isfunction(fn) and id(fn) not in seen:
+                seen.add(id(fn))
+                yield fn.__qualname__, owner, fn
+
+
+HOT = list(_hot_calls())
+
+
+def _python_missing_message(fn: Callable[..., Any]) -> str:
+    """What Python says when ``fn`` is called without its required arguments."""
+    params = list(inspect.signature(fn).parameters.values())
+    required = [p.name for p in params[1:] if p.default is REQUIRED]
+    namespace: dict[str, Any] = {}
+    exec(f"def plain({', '.join([params[0].name, *required])}): pass", namespace)
+    plain = namespace["plain"]
+    plain.__qualname__ = fn.__qualname__
+    try:
+        plain(None)
+    except TypeError as exc:
+        return str(exc)
+    raise AssertionError(f"{fn.__qualname__} has no required argument")
+
+
+def _assert_checks_in_place(fn: Callable[..., Any]) -> None:
+    """``fn`` refuses every misspelt keyword in place, and a missing argument as Python does."""
+    assert not hasattr(fn, "__wrapped__"), (
+        f"{fn.__qualname__} refuses unknown keywords through a wrapper (an extra call on the "
+        "hot path): take **unknown and call kvpool.checks.refuse_in_place on the first line"
+    )
+    params = list(inspect.signature(fn).parameters.values())[1:]
+    assert params[-1].kind is P.VAR_KEYWORD, f"{fn.__qualname__} takes no **unknown"
+    required = [p for p in params if p.default is REQUIRED]
+    assert required, f"{fn.__qualname__}: required arguments must default to REQUIRED"
+    assert not [p for p in params if p.default is P.empty and p.kind is not P.VAR_KEYWORD], (
+        f"{fn.__qualname__}: a required argument without REQUIRED is missing, not misspelt"
+    )
+    for param in params[:-1]:
+        wrong = _misspelt(param.name)
+        with pytest.raises(ArgumentTypeError) as info:
+            fn(_Stand(), **{wrong: 1})
+        text = str(info.value)
+        assert f"unexpected keyword argument {wrong!r}; did you mean {param.name!r}?" in text
+    with pytest.raises(TypeError) as missing:
+        fn(_Stand())
+    assert type(missing.value) is TypeError
+    assert str(missing.value) == _python_missing_message(fn)
+
+
+def test_the_hot_walk_finds_every_pool_class() -> None:
+    ids = {call_id for call_id, *_ in HOT}
+    for expected in (
+        "MemoryAllocatorInterface.allocate",
+        "TensorMemoryAllocator.allocate",
+        "TensorMemoryAllocator.batched_free",
+        "PagedTensorMemoryAllocator.allocate",
+        "PlacementPolicy.free",
+        "MemoryPool.batched_allocate",
+        "IndexedPool.free",
+        "LazyMemoryAllocator.allocate",
+        "BufferAllocator.free",
+        "AdHocMemoryAllocator.batched_free",
+        "PagedCpuGpuMemoryAllocator.allocate",
+        "DevDaxMemoryAllocator.batched_allocate",
+    ):
+        assert expected in ids, expected
+
+
+@pytest.mark.parametrize(("call_id", "owner", "fn"), HOT, ids=[c[0] for c in HOT])
+def test_hot_calls_check_in_place(call_id: str, owner: type, fn: Callable[..., Any]) -> None:
+    _assert_checks_in_place(fn)
+
+
+def test_a_hot_call_that_forgets_the_check_fails_the_walk() -> None:
+    class Forgetful(kvpool.BufferAllocator):
+        def allocate(self, shapes: Any, dtypes: Any, fmt: Any = None, allocator_type: Any = None):  # type: ignore[no-untyped-def, override]
+            return None
+
+    class HalfDone(kvpool.BufferAllocator):
+        def allocate(  # type: ignore[no-untyped-def, override]
+            self, shapes: Any = REQUIRED, dtypes: Any = REQUIRED, fmt: Any = None, **unknown: Any
+        ):
+            return None
+
+    for cls in (Forgetful, HalfDone):
+        with pytest.raises((AssertionError, pytest.fail.Exception)):  # the walk's failures
+            _assert_checks_in_place(cls.allocate)
+    # Outside kvpool's own classes the wrapper still refuses it, at a wrapper's cost.
+    with pytest.raises(ArgumentTypeError, match=r"Forgetful\.allocate\(\).*did you mean 'dtypes'"):
+        Forgetful().allocate(__import__("torch").Size([4]), dtype=1)
+
+
+def _pools() -> Iterator[Any]:
+    import torch
+
+    shape, dtype = torch.Size([2, 8]), torch.float16
+    yield kvpool.MixedMemoryAllocator(1 << 20)
+    yield kvpool.MixedMemoryAllocator(
+        1 << 20, use_paging=True, shapes=[shape], dtypes=[dtype], fmt=kvpool.MemoryFormat.KV_2LTD
+    )
+    yield kvpool.HostMemoryAllocator(1 << 20)
+    yield kvpool.TensorMemoryAllocator(torch.empty(1 << 20, dtype=torch.uint8))
+    yield kvpool.MixedMemoryAllocator(1 << 20).allocator  # a pool's policy, called directly
+
+
+@pytest.mark.parametrize("pool", list(_pools()), ids=lambda p: type(p).__name__)
+def test_allocate_with_dtype_names_dtypes(pool: Any) -> None:
+    """The issue's case: ``allocate(shape, dtype=...)`` names ``dtypes``, allocating nothing."""
+    import torch
+
+    shape, dtype = torch.Size([2, 8]), torch.float16
+    name = type(pool).__name__
+    with pytest.raises(
+        ArgumentTypeError,
+        match=rf"^{name}\.allocate\(\) got an unexpected keyword argument 'dtype'; "
+        r"did you mean 'dtypes'\? \(accepted: allocator_type, dtypes, fmt, shapes\)$",
+    ):
+        pool.allocate(shape, dtype=dtype)
+    with pytest.raises(ArgumentTypeError, match=r"did you mean 'batch_size'\?"):
+        pool.batched_allocate(shape, dtype, batchsize=2)
+    assert pool.num_active_allocations == 0
+    # Correct calls, by position (as kvpool's own callers make them) and by keyword.
+    obj = pool.allocate(shape, dtype)
+    with pytest.raises(ArgumentTypeError, match=rf"^{name}\.free\(\) .*did you mean 'memory_obj'"):
+        pool.free(memory_object=obj)
+    assert obj.is_valid()
+    pool.free(memory_obj=obj, allocator_type=None)
+    objs = pool.batched_allocate(
+        shapes=shape, dtypes=dtype, batch_size=2, fmt=kvpool.MemoryFormat.KV_2LTD
+    )
+    with pytest.raises(ArgumentTypeError, match=r"did you mean 'memory_objs'\?"):
+        pool.batched_free(memory_obj=objs)
+    pool.batched_free(objs, None, True)
+    assert pool.num_active_allocations == 0
+    pool.close()

@@ -10,11 +10,16 @@ from pool_helpers import cuda_present
 
 import kvpool
 from kvpool import MemoryFormat
+from kvpool.checks import REQUIRED
 
 P = inspect.Parameter
 POS = P.POSITIONAL_OR_KEYWORD
 KW = P.VAR_KEYWORD
 EMPTY = P.empty
+# The allocation calls check their keywords in place (kvpool.checks.HOT_CALLS):
+# a required parameter defaults to REQUIRED (left out, it still raises
+# Python's missing-argument TypeError) and a catch-all takes a misspelt keyword.
+UNKNOWN = ("unknown", KW, EMPTY)
 
 # (name, kind, default) of each parameter after ``self``, as in the reference.
 CONSTRUCTORS = {
@@ -110,23 +115,30 @@ def test_allocation_methods_match_the_reference(name: str) -> None:
     batch_type = "gpu" if name == "PagedCpuGpuMemoryAllocator" else None
     free_type = "cpu" if name == "PagedCpuGpuMemoryAllocator" else None
     assert params(cls.allocate) == [
-        ("shapes", POS, EMPTY),
-        ("dtypes", POS, EMPTY),
+        ("shapes", POS, REQUIRED),
+        ("dtypes", POS, REQUIRED),
         ("fmt", POS, fmt),
         ("allocator_type", POS, alloc_type),
+        UNKNOWN,
     ]
     assert params(cls.batched_allocate) == [
-        ("shapes", POS, EMPTY),
-        ("dtypes", POS, EMPTY),
-        ("batch_size", POS, EMPTY),
+        ("shapes", POS, REQUIRED),
+        ("dtypes", POS, REQUIRED),
+        ("batch_size", POS, REQUIRED),
         ("fmt", POS, fmt),
         ("allocator_type", POS, batch_type),
+        UNKNOWN,
     ]
-    assert params(cls.free) == [("memory_obj", POS, EMPTY), ("allocator_type", POS, free_type)]
+    assert params(cls.free) == [
+        ("memory_obj", POS, REQUIRED),
+        ("allocator_type", POS, free_type),
+        UNKNOWN,
+    ]
     assert params(cls.batched_free) == [
-        ("memory_objs", POS, EMPTY),
+        ("memory_objs", POS, REQUIRED),
         ("allocator_type", POS, None),
         ("update_stats", POS, True),
+        UNKNOWN,
     ]
 
 
