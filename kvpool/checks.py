@@ -364,10 +364,11 @@ INTERNAL_CALLS = "_internal_calls"
 #: A class attribute naming public calls so hot that a wrapper's cost shows
 #: (a pool's ``allocate``/``free`` family: a forwarding call costs 5-17% of
 #: an allocate + free, measured).  kvpool's own methods of those names check
-#: their keywords in place instead (:func:`refuse_in_place`), for about the
-#: cost of one test; a subclass's method that does not is guarded like any
-#: other.  Inherited; tests/core/test_unknown_keywords.py holds every
-#: kvpool class to it.
+#: their keywords in place instead (:func:`refuse_in_place`): about 500
+#: instructions a call on CPython 3.11 (a ``**unknown`` frame and one test;
+#: a wrapper costs about 850), measured with callgrind.  A subclass's method
+#: that does not check in place is guarded like any other.  Inherited;
+#: tests/core/test_unknown_keywords.py holds every kvpool class to it.
 HOT_CALLS = "_hot_calls"
 
 

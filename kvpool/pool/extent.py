@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from kvpool.checks import REQUIRED, check_batch_size, refuse_in_place
-from kvpool.errors import InvalidArgumentError
+from kvpool.errors import AddressSpaceExhaustedError, InvalidArgumentError
 from kvpool.formats import MemoryFormat, normalize_layout
 from kvpool.pool.address import AddressManager
 from kvpool.pool.arena import arena_from_tensor
@@ -182,7 +182,11 @@ class TensorMemoryAllocator(PlacementPolicy):
         try:
             if self.closed:
                 self._check_open("allocate")
-            placed = self._retry_after_drain_locked(self._am_allocate, nbytes)
+            # _retry_after_drain_locked, inlined (the hot path of every extent pool).
+            try:
+                placed = self._am_allocate(nbytes)
+            except AddressSpaceExhaustedError:
+                placed = self._drain_and_retry_locked(self._am_allocate, nbytes)
             if placed is None:
                 self._refuse_too_large_locked(nbytes, self._arena_size, "allocate")
                 return None

@@ -101,10 +101,11 @@ class MemoryAllocatorInterface(RefusesUnknownKeywords, metaclass=abc.ABCMeta):
 
     Every public call refuses an unknown keyword naming the closest known
     one (:func:`kvpool.checks.refuse_unknown_keywords`).  The allocation
-    hot path (``_hot_calls``) does it in place, as below, for the cost of
-    one test: ``**unknown``, :data:`~kvpool.checks.REQUIRED` defaults for
-    the required arguments, and :func:`~kvpool.checks.refuse_in_place` on
-    the first line.  An implementation that does not gets a wrapper.
+    hot path (``_hot_calls``) does it in place, as below, without a
+    wrapper's extra call: ``**unknown``, :data:`~kvpool.checks.REQUIRED`
+    defaults for the required arguments, and
+    :func:`~kvpool.checks.refuse_in_place` on the first line.  An
+    implementation that does not gets a wrapper.
     """
 
     _hot_calls = frozenset(("allocate", "batched_allocate", "free", "batched_free"))
