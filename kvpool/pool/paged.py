@@ -312,17 +312,20 @@ class PagedTensorMemoryAllocator(PlacementPolicy):
 
         Complexity: O(1).
         """
-        if unknown or shapes is REQUIRED or dtypes is REQUIRED:
+        if unknown:
             refuse_in_place(self, unknown, shapes, dtypes)
         if (
             shapes.__class__ is _Size
             and dtypes is self._default_dtype
             and shapes == self._default_shape
         ):
-            # The page's own layout (the common case), checked inline.
+            # The page's own layout (the common case), checked inline; it is
+            # never REQUIRED, so the cheapest hot call tests that off this path.
             shape_list, dtype_list, default = self.shapes, self.dtypes, True
             nbytes = self.align_bytes
         else:
+            if shapes is REQUIRED or dtypes is REQUIRED:
+                refuse_in_place(self, unknown, shapes, dtypes)
             shape_list, dtype_list, nbytes, default = self._layout(shapes, dtypes)
         if fmt.__class__ is not MemoryFormat:
             check_format(fmt)

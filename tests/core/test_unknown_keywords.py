@@ -278,8 +278,8 @@ def _hot_calls() -> Iterator[tuple[str, type, Callable[..., Any]]]:
 HOT = list(_hot_calls())
 
 
-def _python_missing_message(fn: Callable[..., Any]) -> str:
-    """What Python says when ``fn`` is called without its required arguments."""
+def _python_missing_message(fn: Callable[..., Any], given: int = 0) -> str:
+    """What Python says when ``fn`` is called with only ``given`` of its required arguments."""
     params = list(inspect.signature(fn).parameters.values())
     required = [p.name for p in params[1:] if p.default is REQUIRED]
     namespace: dict[str, Any] = {}
@@ -287,7 +287,7 @@ def _python_missing_message(fn: Callable[..., Any]) -> str:
     plain = namespace["plain"]
     plain.__qualname__ = fn.__qualname__
     try:
-        plain(None)
+        plain(None, *[object()] * given)
     except TypeError as exc:
         return str(exc)
     raise AssertionError(f"{fn.__qualname__} has no required argument")
@@ -312,10 +312,11 @@ def _assert_checks_in_place(fn: Callable[..., Any]) -> None:
             fn(_Stand(), **{wrong: 1})
         text = str(info.value)
         assert f"unexpected keyword argument {wrong!r}; did you mean {param.name!r}?" in text
-    with pytest.raises(TypeError) as missing:
-        fn(_Stand())
-    assert type(missing.value) is TypeError
-    assert str(missing.value) == _python_missing_message(fn)
+    for given in range(len(required)):  # none of them, then all but the last ones
+        with pytest.raises(TypeError) as missing:
+            fn(_Stand(), *[object()] * given)
+        assert type(missing.value) is TypeError
+        assert str(missing.value) == _python_missing_message(fn, given)
 
 
 def test_the_hot_walk_finds_every_pool_class() -> None:
