@@ -362,25 +362,55 @@ def test_a_hot_call_that_forgets_the_check_fails_the_walk() -> None:
         Forgetful().allocate(__import__("torch").Size([4]), dtype=1)
 
 
-def _pools() -> Iterator[Any]:
+def _pools() -> Iterator[tuple[str, Callable[[], tuple[Any, Any]]]]:
+    """(id, factory): each factory returns (the pool to call, the owner to close).
+
+    Built in the test, not at collection: a pool made for a parameter would
+    keep its mapping for the whole session (the native tests count them).
+    """
     import torch
 
     shape, dtype = torch.Size([2, 8]), torch.float16
-    yield kvpool.MixedMemoryAllocator(1 << 20)
-    yield kvpool.MixedMemoryAllocator(
-        1 << 20, use_paging=True, shapes=[shape], dtypes=[dtype], fmt=kvpool.MemoryFormat.KV_2LTD
-    )
-    yield kvpool.HostMemoryAllocator(1 << 20)
-    yield kvpool.TensorMemoryAllocator(torch.empty(1 << 20, dtype=torch.uint8))
-    yield kvpool.MixedMemoryAllocator(1 << 20).allocator  # a pool's policy, called directly
+
+    def mixed() -> tuple[Any, Any]:
+        pool = kvpool.MixedMemoryAllocator(1 << 20)
+        return pool, pool
+
+    def mixed_paged() -> tuple[Any, Any]:
+        pool = kvpool.MixedMemoryAllocator(
+            1 << 20, use_paging=True, shapes=[shape], dtypes=[dtype], fmt=kvpool.MemoryFormat.KV_2LTD
+        )
+        return pool, pool
+
+    def host() -> tuple[Any, Any]:
+        pool = kvpool.HostMemoryAllocator(1 << 20)
+        return pool, pool
+
+    def tensor() -> tuple[Any, Any]:
+        pool = kvpool.TensorMemoryAllocator(torch.empty(1 << 20, dtype=torch.uint8))
+        return pool, pool
+
+    def policy() -> tuple[Any, Any]:
+        owner = kvpool.MixedMemoryAllocator(1 << 20)
+        return owner.allocator, owner  # a pool's policy, called directly
+
+    yield "MixedMemoryAllocator", mixed
+    yield "MixedMemoryAllocator-paged", mixed_paged
+    yield "HostMemoryAllocator", host
+    yield "TensorMemoryAllocator", tensor
+    yield "MixedMemoryAllocator.allocator", policy
 
 
-@pytest.mark.parametrize("pool", list(_pools()), ids=lambda p: type(p).__name__)
-def test_allocate_with_dtype_names_dtypes(pool: Any) -> None:
+POOLS = list(_pools())
+
+
+@pytest.mark.parametrize("make", [f for _, f in POOLS], ids=[i for i, _ in POOLS])
+def test_allocate_with_dtype_names_dtypes(make: Callable[[], tuple[Any, Any]]) -> None:
     """The issue's case: ``allocate(shape, dtype=...)`` names ``dtypes``, allocating nothing."""
     import torch
 
     shape, dtype = torch.Size([2, 8]), torch.float16
+    pool, owner = make()
     name = type(pool).__name__
     with pytest.raises(
         ArgumentTypeError,
@@ -404,4 +434,4 @@ def test_allocate_with_dtype_names_dtypes(pool: Any) -> None:
         pool.batched_free(memory_obj=objs)
     pool.batched_free(objs, None, True)
     assert pool.num_active_allocations == 0
-    pool.close()
+    owner.close()
