@@ -21,7 +21,11 @@ import plugin_cases as cases
 import pytest
 from conftest import REPO
 
-from kvpool.integrations.lmcache.remote import KVPoolConnectorAdapter, PluginConfigError
+from kvpool.integrations.lmcache.remote import (
+    KVPoolConnectorAdapter,
+    PluginConfigError,
+    PluginSettings,
+)
 
 CHILD_TIMEOUT = 180
 
@@ -132,6 +136,25 @@ def test_a_bad_value_or_url_is_refused(
     message = refusal(cases.config_text(url, *([line] if line else [])), tmp_path)
     assert "kvpool plugin 'kvpool'" in message and expected in message
     assert "hunter22" not in message
+
+
+def test_a_password_in_an_option_value_is_never_shown(tmp_path: Path) -> None:
+    # A refused value is quoted by the store's check: the password in it is not.
+    secret = "Sup3rSecretPW"
+    line = f'remote_storage_plugin.kvpool.timeout: "redis://admin:{secret}@127.0.0.1:1"'
+    message = refusal(cases.config_text("redis://127.0.0.1:1/0", line), tmp_path)
+    assert "timeout" in message and "***" in message
+    assert secret not in message
+    # The start-up line shows the options; a URL-valued one (Mooncake's metadata) is redacted.
+    settings = PluginSettings(
+        "kvpool",
+        "mooncake://127.0.0.1:1",
+        {"metadata": f"http://admin:{secret}@127.0.0.1:2/metadata", "threads": 2},
+        "remote_storage_plugin.kvpool.",
+    )
+    shown = settings.describe()
+    assert "metadata='http://***@127.0.0.1:2/metadata'" in shown and "threads=2" in shown
+    assert secret not in shown
 
 
 def test_a_non_string_url_is_refused(tmp_path: Path) -> None:

@@ -28,7 +28,7 @@ from typing import Any
 from lmcache.v1.exceptions import IrrecoverableException
 
 from kvpool.errors import ArgumentTypeError, InvalidArgumentError
-from kvpool.remote.redis.config import redact_url
+from kvpool.remote.redis.config import redact_url, scrub, url_secrets
 
 __all__ = ["LMCACHE_KEYS", "PLUGIN_TYPE", "PluginConfigError", "PluginSettings", "read_settings"]
 
@@ -73,9 +73,26 @@ class PluginSettings:
         return redact_url(self.url)
 
     def describe(self) -> str:
-        """``url (option=value, ...)`` for the start-up line (no secrets)."""
-        shown = ", ".join(f"{k}={v!r}" for k, v in sorted(self.options.items()))
+        """``url (option=value, ...)`` for the start-up line (no secrets).
+
+        A string option is shown as :func:`redact_url` shows a URL, since
+        some are URLs that may hold a password (Mooncake's ``metadata``).
+        """
+        shown = ", ".join(
+            f"{k}={redact_url(v) if isinstance(v, str) else v!r}"
+            for k, v in sorted(self.options.items())
+        )
         return f"{self.shown_url}" + (f" ({shown})" if shown else "")
+
+    def secrets(self) -> tuple[str, ...]:
+        """The passwords and secret query values in the URL and the string options.
+
+        For :func:`~kvpool.remote.redis.config.scrub` to remove from texts
+        that may quote them (a store's error message).
+        """
+        texts = [self.url, *(v for v in self.options.values() if isinstance(v, str))]
+        found = {secret for text in texts for secret in url_secrets(text)}
+        return tuple(sorted(found, key=len, reverse=True))
 
 
 def instance_of(url: str) -> str | None:
@@ -135,11 +152,12 @@ def refusal(settings: PluginSettings, exc: Exception) -> PluginConfigError:
     instance and its URL (redacted).
     """
     head = f"kvpool plugin {settings.instance!r} ({settings.shown_url})"
+    text = scrub(str(exc), settings.secrets())  # a store may quote the value it refused
     if isinstance(exc, ArgumentTypeError):
-        named = [n for n in _QUOTED.findall(str(exc)) if n in settings.options]
+        named = [n for n in _QUOTED.findall(text) if n in settings.options]
         if named:
             return PluginConfigError(
-                f"{head}: unknown option {settings.prefix}{named[0]} in extra_config: {exc}; "
+                f"{head}: unknown option {settings.prefix}{named[0]} in extra_config: {text}; "
                 f"options go in extra_config as {settings.prefix}<option>"
             )
-    return PluginConfigError(f"{head}: the store refused its settings: {exc}")
+    return PluginConfigError(f"{head}: the store refused its settings: {text}")
