@@ -37,10 +37,10 @@ from kvpool.checks import (
     REQUIRED,
     check_bool,
     check_int,
-    check_keywords,
     check_optional_str,
     check_power_of_two,
     refuse_in_place,
+    takes_keywords,
 )
 from kvpool.errors import (
     ArgumentTypeError,
@@ -100,9 +100,9 @@ class _HostPool(MemoryPool):
 
     _pin = "none"
 
+    @takes_keywords(PLACEMENT_KEYWORDS, NUMA_KEYWORDS)
     def __init__(self, size: int, use_paging: bool = False, **kwargs: Any) -> None:
         name = type(self).__name__
-        check_keywords(f"{name}()", kwargs, PLACEMENT_KEYWORDS | NUMA_KEYWORDS)
         placement = PlacementSpec.from_reference(use_paging, kwargs)
         spec = HostSpec(
             size, pin=self._pin, numa_node=_numa_node(kwargs), hugepages=default_hugepages()
@@ -180,12 +180,10 @@ class MixedMemoryAllocator(IndexedPool):
         NumaNodeError: the mapping names a node this machine lacks.
     """
 
+    @takes_keywords(PLACEMENT_KEYWORDS, NUMA_KEYWORDS, MIXED_KEYWORDS)
     def __init__(
         self, size: int, use_paging: bool = False, use_hugepages: bool = False, **kwargs: Any
     ) -> None:
-        check_keywords(
-            "MixedMemoryAllocator()", kwargs, PLACEMENT_KEYWORDS | NUMA_KEYWORDS | MIXED_KEYWORDS
-        )
         self.numa_mapping: NUMAMapping | None = kwargs.get("numa_mapping")
         self.align_bytes = check_power_of_two(
             "align_bytes", kwargs.get("align_bytes", AddressManager.ALIGN_BYTES)
@@ -271,6 +269,7 @@ def attach_pool(shm_name: str, size: int | None = None, *, pin: str = "auto") ->
 class _DevicePool(MemoryPool):
     """A pool in device memory (``torch.empty`` on ``device``)."""
 
+    @takes_keywords(PLACEMENT_KEYWORDS - {"align_bytes"})  # a named parameter here
     def __init__(
         self,
         size: int,
@@ -279,7 +278,6 @@ class _DevicePool(MemoryPool):
         use_paging: bool = False,
         **kwargs: Any,
     ) -> None:
-        check_keywords(f"{type(self).__name__}()", kwargs, PLACEMENT_KEYWORDS - {"align_bytes"})
         align = AddressManager.ALIGN_BYTES if align_bytes is None else align_bytes
         placement = PlacementSpec.from_reference(use_paging, kwargs, align_bytes=align)
         super().__init__(TorchBacking(size, device), placement, name=type(self).__name__)
@@ -302,6 +300,7 @@ class GPUMemoryAllocator(_DevicePool):
         use_paging: paged placement (needs ``shapes``, ``dtypes``, ``fmt``).
     """
 
+    @takes_keywords(PLACEMENT_KEYWORDS - {"align_bytes"})
     def __init__(
         self,
         size: int,
@@ -322,6 +321,7 @@ class XPUMemoryAllocator(_DevicePool):
         FeatureUnavailableError: torch has no usable XPU device here.
     """
 
+    @takes_keywords(PLACEMENT_KEYWORDS - {"align_bytes"})
     def __init__(
         self,
         size: int,

@@ -45,9 +45,12 @@ __all__ = [
     "refuse_in_place",
     "refuse_unknown_keywords",
     "refuse_unknown_keywords_in",
+    "takes_keywords",
     "unguarded",
 ]
 
+
+_Fn = TypeVar("_Fn", bound=Callable[..., Any])
 
 # numpy's and torch's names of their bool dtypes (both index like 0 and 1).
 _BOOL_DTYPES = ("bool", "torch.bool")
@@ -297,17 +300,40 @@ def keywords_of(function: Callable[..., Any], *, skip: int = 0) -> frozenset[str
             positionally, so a keyword of that name would be a duplicate).
 
     Returns:
-        The names, or None when ``function`` takes ``**kwargs`` (any name).
+        The names: its named parameters, plus, for one that takes
+        ``**kwargs``, the keywords it declares with :func:`takes_keywords`;
+        None when it takes ``**kwargs`` and declares none (any name).
         Cached per function.
     """
     params = list(inspect.signature(function).parameters.values())
+    options: frozenset[str] | None = frozenset()
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-        return None
-    return frozenset(
+        declarer = function.__init__ if isinstance(function, type) else function  # type: ignore[misc]
+        options = getattr(declarer, _OPTIONS, None)
+        if options is None:
+            return None
+    return options | frozenset(
         p.name
         for p in params[skip:]
         if p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
     )
+
+
+def takes_keywords(*groups: Collection[str]) -> Callable[[_Fn], _Fn]:
+    """A decorator declaring what a call's ``**kwargs`` takes (the union of ``groups``).
+
+    Declared, the call is guarded like any other (:func:`refuse_unknown_keywords`):
+    a keyword neither named nor declared is refused before the call runs,
+    with the closest of all of them named and all listed (a list given to
+    :func:`check_keywords` by hand missed the named parameters).
+    """
+    names = frozenset().union(*groups)
+
+    def declare(fn: _Fn) -> _Fn:
+        setattr(fn, _OPTIONS, names)
+        return fn
+
+    return declare
 
 
 def check_batch_size(batch_size: object) -> int:
@@ -339,8 +365,9 @@ def check_batch_size(batch_size: object) -> int:
 # meant for one (``allocate(s, dtype=d)``) is reported as the misspelling,
 # as Python itself reports it, not as a missing argument.  Nothing is
 # validated on a correct call beyond one test, and no TypeError raised
-# inside the function is touched.  Functions that take **kwargs themselves
-# are left alone: they check their keywords with check_keywords.
+# inside the function is touched.  A function taking **kwargs declares what
+# they take (takes_keywords): its wrapper tests them against that, and its
+# message lists the named parameters too.  Undeclared, it is left alone.
 #
 # Hot calls (HOT_CALLS: a pool's allocate/free family) cannot afford the
 # wrapper's extra call, so they take the wrapper's shape themselves and
@@ -353,6 +380,8 @@ _Target = TypeVar("_Target")
 
 #: Attribute set on every wrapper; refuse_unknown_keywords skips those.
 _GUARD_MARK = "_kvpool_keywords_guard"
+#: Attribute holding the keywords a ``**kwargs`` call declares (:func:`takes_keywords`).
+_OPTIONS = "_kvpool_options"
 
 #: A class attribute naming methods that kvpool's own code calls on a hot path
 #: under a written contract (a pool's handles calling ``open_lease``...);
@@ -426,6 +455,8 @@ def _refuse(
             args.append(value)
         elif param_kind is P.VAR_POSITIONAL:
             args.extend(value)
+        elif param_kind is P.VAR_KEYWORD:
+            kwargs.update(value)
         else:
             kwargs[name] = value
     return fn(*args, **kwargs)
@@ -503,18 +534,24 @@ def _guard_function(fn: Callable[..., Any], kind: str) -> Callable[..., Any]:
     P = inspect.Parameter
     params = list(inspect.signature(fn).parameters.values())  # through decorators
     named = params[0 if kind == "function" else 1 :]
-    if any(p.kind is P.VAR_KEYWORD for p in params) or not any(
-        p.kind in (P.POSITIONAL_OR_KEYWORD, P.KEYWORD_ONLY) for p in named
-    ):
-        return fn  # takes any keyword (and checks them itself), or none at all
+    var_kw = next((p for p in params if p.kind is P.VAR_KEYWORD), None)
+    options = getattr(fn, _OPTIONS, None)
+    if var_kw is not None and options is None:
+        return fn  # takes any keyword (and checks them itself)
+    if var_kw is None and all(p.kind in (P.POSITIONAL_ONLY, P.VAR_POSITIONAL) for p in named):
+        return fn  # takes no keyword at all
     if any(p.name.startswith("_kvpool_") for p in params):
         return fn  # would shadow the wrapper's own names; never the case in kvpool
     namespace: dict[str, Any] = {"_kvpool_fn": fn, "_kvpool_refuse": _refuse, "_M": REQUIRED}
+    namespace["_kvpool_options"] = options
     decl: list[str] = []
     call: list[str] = []
     required: list[str] = []
     star = False
     for i, p in enumerate(params):
+        if p.kind is P.VAR_KEYWORD:
+            call.append("**" + p.name)  # declared last, in place of the catch-all
+            continue
         if p.kind is P.VAR_POSITIONAL:
             decl.append("*" + p.name)
             call.append("*" + p.name)
@@ -537,14 +574,21 @@ def _guard_function(fn: Callable[..., Any], kind: str) -> Callable[..., Any]:
         ):
             decl.append("/")
     namespace["_kvpool_kinds"] = [(p.name, p.kind) for p in params]
-    test = " or ".join(["_kvpool_unknown", *(f"{name} is _M" for name in required)])
+    if var_kw is None:  # a catch-all, empty on every correct call
+        catch_all = refused = unknown = "_kvpool_unknown"
+    else:  # the call's own **kwargs: only the declared names may be in it
+        catch_all = var_kw.name
+        refused = f"not {catch_all}.keys() <= _kvpool_options"
+        unknown = f"{{k: v for k, v in {catch_all}.items() if k not in _kvpool_options}}"
+    test = " or ".join([refused, *(f"{name} is _M" for name in required)])
     first = params[0].name if params and kind != "function" else "None"
     is_async = inspect.iscoroutinefunction(fn)
     source = (
-        f"{'async ' if is_async else ''}def {fn.__name__}({', '.join(decl)}, **_kvpool_unknown):\n"
+        f"{'async ' if is_async else ''}def {fn.__name__}"
+        f"({', '.join([*decl, '**' + catch_all])}):\n"
         f"    if {test}:\n"
         f"        return {'await ' if is_async else ''}_kvpool_refuse(_kvpool_fn, {kind!r}, "
-        f"{first}, _kvpool_unknown, [(n, k, v) for (n, k), v in "
+        f"{first}, {unknown}, [(n, k, v) for (n, k), v in "
         f"zip(_kvpool_kinds, ({', '.join(p.name for p in params)},))])\n"
         f"    return {'await ' if is_async else ''}_kvpool_fn({', '.join(call)})\n"
     )
@@ -590,9 +634,9 @@ def refuse_unknown_keywords(target: _Target) -> _Target:
     :class:`~kvpool.errors.ArgumentTypeError` (a ``TypeError``) from
     :func:`check_keywords`, e.g. ``TensorMemoryAllocator.allocate() got an
     unexpected keyword argument 'dtype'; did you mean 'dtypes'? (accepted:
-    ...)``.  A coroutine function gets a coroutine wrapper.  Functions that
-    take ``**kwargs`` (they check their own keywords) or no keywords at all
-    are returned unchanged.
+    ...)``.  A coroutine function gets a coroutine wrapper.  One that takes
+    ``**kwargs`` is guarded if it declares them (:func:`takes_keywords`);
+    undeclared, or taking no keyword at all, it is returned unchanged.
 
     For a class: guards, in place, its ``__init__`` and every public method,
     static method and class method it defines itself (inherited ones are

@@ -52,10 +52,10 @@ from kvpool.checks import (
     REQUIRED,
     check_bool,
     check_int,
-    check_keywords,
     check_seconds,
     check_size,
     refuse_in_place,
+    takes_keywords,
 )
 from kvpool.errors import MemoryLimitError
 from kvpool.formats import MemoryFormat
@@ -116,6 +116,7 @@ class LazyMemoryAllocator(MemoryPool):
     #: Growth progress is logged (INFO) every this many bytes, and at the end.
     LOG_INTERVAL = 10 << 30
 
+    @takes_keywords()  # **kwargs keeps the reference's signature; it takes no option
     def __init__(
         self,
         init_size: int,
@@ -130,7 +131,6 @@ class LazyMemoryAllocator(MemoryPool):
         keep_free: int | None = None,
         **kwargs: Any,
     ) -> None:
-        check_keywords("LazyMemoryAllocator()", kwargs, ())
         if keep_free is None:
             # Relative to the limit that binds (a 1 GiB container keeps 100 MiB
             # free, not a tenth of the host's RAM, which it may never reach).

@@ -134,7 +134,13 @@ def _parse(spec: object) -> tuple[str, str]:
     )
 
 
-def _open(opener: Callable[..., Any], name: str, where: str, options: dict[str, Any]) -> Any:
+def _open(
+    opener: Callable[..., Any],
+    name: str,
+    where: str,
+    options: dict[str, Any],
+    by: str = "open_store",
+) -> Any:
     """``opener(where, **options)``, refusing options the store does not take.
 
     A Redis option given to a directory spec (``timeout=``) would otherwise
@@ -142,7 +148,7 @@ def _open(opener: Callable[..., Any], name: str, where: str, options: dict[str, 
     """
     known = keywords_of(opener, skip=1)  # the first parameter is the spec itself
     if known is not None:
-        check_keywords(f"{name} (opened by open_store)", options, known)
+        check_keywords(f"{name} (opened by {by})", options, known)
     return opener(where, **options)
 
 
@@ -217,13 +223,14 @@ def open_async_store(spec: str | os.PathLike[str], **options: Any) -> AsyncRemot
         StoreConnectionError: (``mooncake://`` only) the master cannot be reached.
     """
     kind, where = _parse(spec)
+    by = "open_async_store"
     if kind == "file":
-        return _open(AsyncFileStore, "AsyncFileStore", where, options)  # type: ignore[no-any-return]
+        return _open(AsyncFileStore, "AsyncFileStore", where, options, by)  # type: ignore[no-any-return]
     if kind == "redis-cluster":
-        return _open(AsyncRedisClusterStore, "AsyncRedisClusterStore", where, options)  # type: ignore[no-any-return]
+        return _open(AsyncRedisClusterStore, "AsyncRedisClusterStore", where, options, by)  # type: ignore[no-any-return]
     if kind == "mooncake":
-        return _open(AsyncMooncakeStore.from_url, "AsyncMooncakeStore", where, options)  # type: ignore[no-any-return]
-    return _open(AsyncRedisStore, "AsyncRedisStore", where, options)  # type: ignore[no-any-return]
+        return _open(AsyncMooncakeStore.from_url, "AsyncMooncakeStore", where, options, by)  # type: ignore[no-any-return]
+    return _open(AsyncRedisStore, "AsyncRedisStore", where, options, by)  # type: ignore[no-any-return]
 
 
 # Every public call refuses a misspelt keyword naming the closest known one

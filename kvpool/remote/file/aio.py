@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from kvpool.checks import check_int, check_keywords, keywords_of
+from kvpool.checks import check_int, keywords_of, takes_keywords
 from kvpool.formats import MemoryFormat
 from kvpool.pool.interface import MemoryAllocatorInterface
 from kvpool.pool.objects import MemoryObj
@@ -85,14 +85,13 @@ class AsyncFileStore(AsyncRemoteStore):
     Otherwise it raises what ``FileStore`` raises.
     """
 
+    # io_threads is ours to set: the threads below do the I/O.
+    @takes_keywords((keywords_of(FileStore, skip=1) or frozenset()) - {"io_threads"})
     def __init__(
         self, directory: str | os.PathLike[str], *, threads: int | None = None, **options: Any
     ) -> None:
         if threads is not None:
             check_int("threads", threads, low=0, high=256)
-        known = keywords_of(FileStore, skip=1)
-        if known is not None:  # io_threads is ours to set: the threads above do the I/O
-            check_keywords("AsyncFileStore()", options, known - {"io_threads"})
         self.store = FileStore(directory, io_threads=1, **options)
         if threads is None:
             threads = 0 if on_tmpfs(self.store.directory) else 4

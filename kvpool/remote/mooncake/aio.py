@@ -46,7 +46,7 @@ from typing import Any
 
 import torch
 
-from kvpool.checks import check_int, check_keywords, keywords_of
+from kvpool.checks import check_int, keywords_of, takes_keywords
 from kvpool.errors import PoolClosedError, StoreTimeoutError
 from kvpool.formats import MemoryFormat
 from kvpool.pool.interface import MemoryAllocatorInterface
@@ -96,16 +96,15 @@ class AsyncMooncakeStore(AsyncRemoteStore):
         FeatureUnavailableError / StoreConnectionError: as ``MooncakeStore``.
     """
 
+    @takes_keywords(keywords_of(MooncakeStore, skip=1) or ())
     def __init__(
         self, master: str = "127.0.0.1:50051", *, threads: int = DEFAULT_THREADS, **options: Any
     ) -> None:
         check_int("threads", threads, low=1, high=256)
-        known = keywords_of(MooncakeStore, skip=1)
-        if known is not None:
-            check_keywords("AsyncMooncakeStore()", options, known)
         self._start(MooncakeStore(master, **options), threads)
 
     @classmethod
+    @takes_keywords(keywords_of(MooncakeStore, skip=1) or ())
     def from_url(
         cls, url: str, *, threads: int = DEFAULT_THREADS, **options: Any
     ) -> AsyncMooncakeStore:

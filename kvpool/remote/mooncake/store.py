@@ -77,7 +77,7 @@ from typing import Any
 import torch
 
 import kvpool.remote.mooncake.codes as codes
-from kvpool.checks import check_bool, check_int, check_keywords, check_seconds, keywords_of
+from kvpool.checks import check_bool, check_int, check_seconds, keywords_of, takes_keywords
 from kvpool.errors import (
     CorruptEntryError,
     InvalidArgumentError,
@@ -214,6 +214,7 @@ class MooncakeStore(RemoteStore):
         self._segments = Segments(client, protocol)
 
     @classmethod
+    @takes_keywords(keywords_of(__init__, skip=2) or ())  # the master comes from the URL
     def from_url(cls, url: str, **options: Any) -> MooncakeStore:
         """A store from ``mooncake://MASTER:PORT?metadata=...&protocol=tcp&...``.
 
@@ -226,9 +227,6 @@ class MooncakeStore(RemoteStore):
 
         Otherwise it raises what the constructor raises.
         """
-        known = keywords_of(cls, skip=1)  # the master comes from the URL
-        if known is not None:
-            check_keywords("MooncakeStore.from_url", options, known)
         master, parsed = parse_url(url)
         twice = sorted(set(parsed) & set(options))
         if twice:
