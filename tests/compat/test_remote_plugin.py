@@ -27,6 +27,7 @@ from typing import Any
 
 import plugin_cases as cases
 import pytest
+import torch
 from conftest import REPO
 
 import kvpool
@@ -172,3 +173,40 @@ def test_round_trip_on_lmcaches_own_memory(target: dict[str, Any], tmp_path: Pat
     assert ev["allocator"].startswith("lmcache.v1.memory_allocators."), ev["allocator"]
     check_round_trip(ev, target, "lmcache.v1.memory_management.TensorMemoryObj")
     assert "kvpool plugin" not in ev["stderr"], ev["stderr"][-3000:]  # no warning of ours
+
+
+@pytest.mark.parametrize("kind", ["redis", "file"])
+def test_layerwise_chunks_round_trip(
+    kind: str, tmp_path: Path, lmc, plugin_log: Collect, request: pytest.FixtureRequest
+) -> None:
+    # With use_layerwise, LMCache's cache engine stores one object per layer and
+    # chunk, [tokens, kv, hidden] in KV_T2D, the last chunk's with fewer tokens.
+    from lmcache.v1.memory_management import MemoryFormat
+
+    if kind == "redis":
+        url = request.getfixturevalue("redis_server").url + "/0"
+    else:
+        url = f"file://{tmp_path}/store"
+    text = cases.config_text(url, head="use_layerwise: true\n")
+    manager = cases.make_manager(cases.load_config(text, tmp_path))
+    try:
+        backend = manager.storage_backends[cases.BACKEND]
+        hidden = cases.CHUNK_SHAPE[3]
+        objs = [
+            manager.allocate(torch.Size([tokens, 2, hidden]), cases.DTYPE, MemoryFormat.KV_T2D)
+            for tokens in (cases.CHUNK_TOKENS, cases.CHUNK_TOKENS, 5)
+        ]
+        keys = cases.make_keys(len(objs))
+        digests = [cases.fill(obj, 70 + i) for i, obj in enumerate(objs)]
+        shapes = [list(obj.get_shape()) for obj in objs]
+        manager.batched_put(keys, objs)
+        cases.wait_stored(backend, keys)
+        batched = [cases.describe(o) for o in backend.batched_get_blocking(keys)]
+        single = [cases.describe(backend.get_blocking(k)) for k in keys]
+    finally:
+        manager.close()
+    for got in (batched, single):
+        assert None not in got, got
+        assert [g["digest"] for g in got] == digests
+        assert [g["shape"] for g in got] == shapes == [[16, 2, 128], [16, 2, 128], [5, 2, 128]]
+    assert not plugin_log.records, plugin_log.messages()

@@ -162,10 +162,12 @@ def test_a_non_string_url_is_refused(tmp_path: Path) -> None:
     assert "must be a non-empty string" in refusal(text, tmp_path)
 
 
-def test_headerless_mooncake_refuses_partial_chunks(tmp_path: Path, mooncake) -> None:
-    text = cases.config_text(mooncake.url + "&headerless=1", head="save_unfull_chunk: true\n")
+@pytest.mark.parametrize("setting", ["save_unfull_chunk", "use_layerwise"])
+def test_headerless_mooncake_refuses_other_layouts(tmp_path: Path, mooncake, setting) -> None:
+    # Partial chunks and per-layer objects would be read back in the full chunk's layout.
+    text = cases.config_text(mooncake.url + "&headerless=1", head=f"{setting}: true\n")
     message = refusal(text, tmp_path)
-    assert "headerless" in message and "save_unfull_chunk" in message
+    assert "headerless" in message and f"{setting}: False" in message
 
 
 def test_store_options_reach_the_store(tmp_path: Path, redis_server, lmc) -> None:

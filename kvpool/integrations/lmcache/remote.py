@@ -29,7 +29,7 @@ Settings, under ``remote_storage_plugin.<instance>.`` in ``extra_config``:
   ``segment_size``, ``local_buffer_size``, ``replicas``, ``prefix``,
   ``headerless`` (also in the URL query, ``&headerless=1``: entries without
   kvpool's header, as LMCache's ``save_chunk_meta: False``; it needs
-  ``save_unfull_chunk: False``).  The accepted names are the store's own
+  ``save_unfull_chunk`` and ``use_layerwise`` off).  The accepted names are the store's own
   signature: a misspelt one is refused with the closest name and the full
   list.
 
@@ -52,7 +52,9 @@ neither appears, LMCache did not load the plugin: look for its ERROR line
 ``class_name``) - LMCache then stores nothing remotely.
 
 Behaviour (see :mod:`~kvpool.integrations.lmcache.remote_connector`):
-keys are ``CacheEngineKey.to_string()``; chunks are read into memory of
+keys are ``CacheEngineKey.to_string()``; a chunk read back must be one
+of the engine's layout (a partial last chunk too; with ``use_layerwise``,
+one layer of it); chunks are read into memory of
 LMCache's ``LocalCPUBackend`` (kvpool's when
 :func:`kvpool.integrations.lmcache.install` ran) with no copy beyond the
 store's own; a get never overtakes a put of the same key; a miss, an
@@ -122,7 +124,7 @@ class KVPoolConnectorAdapter(ConnectorAdapter):
         Raises:
             PluginConfigError: no ``url``, an unknown option, a store that
                 refuses its settings (the message names the config key), a
-                headerless store with ``save_unfull_chunk``.
+                headerless store with ``save_unfull_chunk`` or ``use_layerwise``.
             RemoteStoreError: (``mooncake://``) the master does not answer;
                 LMCache keeps the backend and its health check tries again.
         """
@@ -140,13 +142,8 @@ class KVPoolConnectorAdapter(ConnectorAdapter):
             raise  # a server that does not answer yet: LMCache retries later
         except (KVPoolError, TypeError, ValueError) as exc:
             raise refusal(settings, exc) from None
-        if getattr(store, "headerless", False) and getattr(context.config, "save_unfull_chunk", 0):
-            store.close()
-            raise PluginConfigError(
-                f"kvpool plugin {instance!r} ({settings.shown_url}): a headerless store keeps no "
-                "layout, so it cannot return LMCache's partial chunks; set save_unfull_chunk: "
-                "False (as LMCache's RESP connector requires) or drop headerless"
-            )
+        if getattr(store, "headerless", False):
+            _refuse_layouts_headerless_cannot_keep(store, settings, context.config)
         metadata = context.metadata
         if metadata is None:
             metadata = getattr(context.local_cpu_backend, "metadata", None)
@@ -167,6 +164,30 @@ class KVPoolConnectorAdapter(ConnectorAdapter):
             instance,
         )
         return connector
+
+
+def _refuse_layouts_headerless_cannot_keep(store: Any, settings: Any, config: Any) -> None:
+    """Close ``store`` and raise when LMCache stores chunks of more than one layout.
+
+    A headerless entry is its bytes alone, read back in the full chunk's
+    layout: partial chunks (``save_unfull_chunk``) and per-layer objects
+    (``use_layerwise``) would come back wrong.
+
+    Raises:
+        PluginConfigError: either setting is on.
+    """
+    wanted = [
+        name for name in ("save_unfull_chunk", "use_layerwise") if getattr(config, name, False)
+    ]
+    if not wanted:
+        return
+    store.close()
+    raise PluginConfigError(
+        f"kvpool plugin {settings.instance!r} ({settings.shown_url}): a headerless store keeps "
+        f"no layout, so it cannot return the chunks LMCache stores with {' and '.join(wanted)}; "
+        f"set {': False, '.join(wanted)}: False (as LMCache's RESP connector requires) or drop "
+        "headerless"
+    )
 
 
 def _export_metrics(connector: Any) -> None:

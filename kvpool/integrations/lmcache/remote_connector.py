@@ -54,6 +54,7 @@ from kvpool.integrations.lmcache.remote_memory import (
     BackendAllocator,
     fits,
     kvpool_format,
+    layer_layout,
     sendable,
     unsend,
 )
@@ -119,6 +120,15 @@ class KVPoolConnector(RemoteConnector):
         )
         self._allocator = BackendAllocator(local_cpu_backend)
         self._fmt = kvpool_format(self.meta_fmt)
+        # What a stored chunk may be: the engine's chunk, or with use_layerwise
+        # one layer of it (LMCache then stores an object per layer).
+        shapes: list[Any] = list(self.meta_shapes)
+        fmt: Any = self._fmt
+        if config.use_layerwise:
+            shapes, fmt = layer_layout(
+                shapes, bool(metadata.use_mla), bool(getattr(config, "enable_blending", False))
+            )
+        self._chunk: tuple[list[Any], list[Any], Any] = (shapes, list(self.meta_dtypes), fmt)
         # Every chunk has the full layout when LMCache stores no partial
         # ones: a get can then allocate before the reply (the stores' fast
         # path).  Otherwise the stored layout is read first.
@@ -347,8 +357,9 @@ class KVPoolConnector(RemoteConnector):
 
     def _checked(self, names: list[str], objs: list[Any]) -> list[Any]:
         """Keep the objects that are chunks of this engine's layout; free and report the others."""
+        shapes, dtypes, fmt = self._chunk
         for i, obj in enumerate(objs):
-            if obj is not None and not fits(obj, self.meta_shapes, self.meta_dtypes, self._fmt):
+            if obj is not None and not fits(obj, shapes, dtypes, fmt):
                 shown = f"{list(obj.get_shapes())} {list(obj.get_dtypes())}"
                 discard(obj)
                 objs[i] = None
@@ -356,7 +367,7 @@ class KVPoolConnector(RemoteConnector):
                     names[i],
                     CorruptEntryError(
                         f"stored layout {shown} is not a chunk of this engine's "
-                        f"{list(self.meta_shapes)} {list(self.meta_dtypes)}"
+                        f"{shapes} {dtypes} {fmt.name}"
                     ),
                 )
         return objs

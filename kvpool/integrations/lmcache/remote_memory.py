@@ -38,6 +38,7 @@ __all__ = [
     "BackendAllocator",
     "fits",
     "kvpool_format",
+    "layer_layout",
     "register_backend_buffer",
     "sendable",
     "unsend",
@@ -135,25 +136,74 @@ def unsend(original: Any, sent: MemoryObj) -> None:
         sent.ref_count_down()
 
 
+#: The token axis of each layout LMCache stores chunks in (``[kv, layers, tokens, hidden]``;
+#: per layer ``[tokens, kv, hidden]``, ``[kv, tokens, hidden]``, MLA ``[tokens, hidden]``).
+_TOKEN_AXIS = {
+    MemoryFormat.KV_2LTD: 2,
+    MemoryFormat.KV_T2D: 0,
+    MemoryFormat.KV_2TD: 1,
+}
+
+
+def _token_axis(fmt: MemoryFormat, ndim: int) -> int:
+    if fmt is MemoryFormat.KV_MLA_FMT:
+        return 2 if ndim == 4 else 0  # a whole MLA chunk, or one layer of it
+    return _TOKEN_AXIS.get(fmt, 2 if ndim == 4 else 0)
+
+
+def layer_layout(
+    shapes: Sequence[torch.Size], use_mla: bool, blending: bool
+) -> tuple[list[torch.Size], MemoryFormat]:
+    """One layer of a full chunk, as LMCache stores it with ``use_layerwise``.
+
+    LMCache's cache engine then puts one object per layer and chunk, in
+    the format its layerwise GPU connectors use: ``KV_T2D``
+    ``[tokens, kv, hidden]``, ``KV_2TD`` ``[kv, tokens, hidden]`` with
+    ``enable_blending``, ``KV_MLA_FMT`` ``[tokens, hidden]`` for MLA.
+
+    Args:
+        shapes: the full chunk's shapes, ``[kv, layers, tokens, hidden]`` per group.
+        use_mla: the model uses MLA (``LMCacheMetadata.use_mla``).
+        blending: LMCache's ``enable_blending``.
+
+    Returns:
+        The per-layer shapes and their format.
+    """
+    out: list[torch.Size] = []
+    for shape in shapes:
+        kv, _layers, tokens, hidden = shape
+        if use_mla:
+            out.append(torch.Size([tokens, hidden]))
+        elif blending:
+            out.append(torch.Size([kv, tokens, hidden]))
+        else:
+            out.append(torch.Size([tokens, kv, hidden]))
+    if use_mla:
+        return out, MemoryFormat.KV_MLA_FMT
+    return out, MemoryFormat.KV_2TD if blending else MemoryFormat.KV_T2D
+
+
 def fits(obj: Any, shapes: Sequence[torch.Size], dtypes: Sequence[torch.dtype], fmt: Any) -> bool:
     """True when ``obj`` is a chunk of the engine's layout, possibly a partial (last) one.
 
     LMCache's rule for a partial chunk (``reshape_partial_chunk``): the same
-    shapes as a full chunk except fewer tokens (dimension 2 of a 4-D
-    ``[kv, layers, tokens, hidden]`` shape, dimension 0 of a layerwise
-    one), at least one.  Dtypes and format must be the engine's.
+    shapes as a full chunk except fewer tokens, at least one.  The token
+    axis is the format's: 2 of ``KV_2LTD`` ``[kv, layers, tokens, hidden]``,
+    0 of the layerwise ``KV_T2D`` and MLA layouts, 1 of ``KV_2TD`` (see
+    :func:`layer_layout`).  Dtypes and format must be the engine's.
 
     Complexity: O(groups x dimensions).
     """
     got_shapes = obj.get_shapes()
     if len(got_shapes) != len(shapes) or list(obj.get_dtypes()) != list(dtypes):
         return False
-    if kvpool_format(obj.get_memory_format()) is not kvpool_format(fmt):
+    want = kvpool_format(fmt)
+    if kvpool_format(obj.get_memory_format()) is not want:
         return False
     for got, full in zip(got_shapes, shapes, strict=True):
         if len(got) != len(full):
             return False
-        axis = 2 if len(full) == 4 else 0
+        axis = _token_axis(want, len(full))
         for i, (g, f) in enumerate(zip(got, full, strict=True)):
             if g != f and not (i == axis and 0 < g < f):
                 return False
