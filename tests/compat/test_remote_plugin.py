@@ -117,9 +117,9 @@ def check_round_trip(ev: dict[str, Any], target: dict[str, Any], obj_type: str) 
 
 
 def test_the_config_block_is_the_readmes_verbatim() -> None:
-    # The block every test loads is the one users copy from the README.
-    readme = (REPO / "README.md").read_text()
-    assert "```yaml\n" + cases.PLUGIN_BLOCK + "```" in readme
+    # The block every test loads is the one users copy from the README and the guide.
+    for doc in ("README.md", "docs/guide/lmcache.md"):
+        assert "```yaml\n" + cases.PLUGIN_BLOCK + "```" in (REPO / doc).read_text(), doc
     text = cases.config_text("redis://h:1/0")
     assert '"redis://h:1/0"' in text and cases.VERBATIM_URL not in text
 
