@@ -157,6 +157,16 @@ def test_a_password_in_an_option_value_is_never_shown(tmp_path: Path) -> None:
     assert secret not in shown
 
 
+def test_a_serde_that_rewrites_chunks_is_refused(tmp_path: Path) -> None:
+    # cachegen hands the connector byte buffers, which the stores cannot put:
+    # refused at start-up, not a backend whose every put fails.
+    text = cases.config_text("redis://127.0.0.1:1/0").replace(
+        'remote_serde: "naive"', 'remote_serde: "cachegen"'
+    )
+    message = refusal(text, tmp_path)
+    assert "'cachegen'" in message and 'remote_serde: "naive"' in message
+
+
 def test_a_non_string_url_is_refused(tmp_path: Path) -> None:
     text = cases.config_text("x").replace('"x"', "6379")
     assert "must be a non-empty string" in refusal(text, tmp_path)

@@ -33,6 +33,10 @@ Settings, under ``remote_storage_plugin.<instance>.`` in ``extra_config``:
   signature: a misspelt one is refused with the closest name and the full
   list.
 
+``remote_serde`` must be ``naive`` (``kivi``, the same in LMCache 0.5.6,
+is taken too): the stores keep LMCache's tensors as they are, and
+``cachegen``'s byte buffers are refused at start-up.
+
 A missing URL, an unknown option or a refused value raises
 :class:`PluginConfigError` while LMCache starts; LMCache logs it (an ERROR
 line ``Failed to create remote backend for plugin kvpool: ...``) and runs
@@ -94,7 +98,13 @@ __all__ = [
     "KVPoolConnectorAdapter",
     "PluginConfigError",
     "PluginSettings",
+    "SERDES",
 ]
+
+
+#: LMCache's ``remote_serde`` values the plugin takes: those that hand LMCache's
+#: memory objects through unchanged (``kivi`` is ``naive`` in LMCache 0.5.6).
+SERDES = ("naive", "kivi")
 
 
 class KVPoolConnectorAdapter(ConnectorAdapter):
@@ -122,7 +132,8 @@ class KVPoolConnectorAdapter(ConnectorAdapter):
             The connector (LMCache wraps it in its ``InstrumentedRemoteConnector``).
 
         Raises:
-            PluginConfigError: no ``url``, an unknown option, a store that
+            PluginConfigError: a ``remote_serde`` other than ``naive`` (or
+                ``kivi``), no ``url``, an unknown option, a store that
                 refuses its settings (the message names the config key), a
                 headerless store with ``save_unfull_chunk`` or ``use_layerwise``.
             RemoteStoreError: (``mooncake://``) the master does not answer;
@@ -136,6 +147,13 @@ class KVPoolConnectorAdapter(ConnectorAdapter):
             )
         extra = context.config.extra_config if context.config is not None else None
         settings = read_settings(extra, instance)
+        serde = getattr(context.config, "remote_serde", "naive")
+        if serde not in SERDES:
+            raise PluginConfigError(
+                f"kvpool plugin {instance!r}: remote_serde is {serde!r}; the plugin stores "
+                f"LMCache's chunks as they are, so it takes remote_serde: {' or '.join(SERDES)} "
+                '(set remote_serde: "naive")'
+            )
         try:
             store = open_async_store(settings.url, **settings.options)
         except RemoteStoreError:
