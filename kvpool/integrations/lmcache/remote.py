@@ -98,7 +98,6 @@ __all__ = [
     "KVPoolConnectorAdapter",
     "PluginConfigError",
     "PluginSettings",
-    "SERDES",
 ]
 
 
