@@ -61,9 +61,15 @@ async def offload(
         Whatever ``fn`` raises; CancelledError when the task is cancelled.
     """
     job = executor.submit(fn, *args)
+    waiting = asyncio.wrap_future(job)
     try:
-        return await asyncio.shield(asyncio.wrap_future(job))
+        return await asyncio.shield(waiting)
     except asyncio.CancelledError:
+        # Nobody reads the job's outcome now (shield stops reading it once
+        # cancelled): an error it ends with later (a connection the deadline
+        # gave up on, then closed by the server) would be reported to the
+        # loop as "never retrieved", although the caller got its own.
+        waiting.add_done_callback(_read_outcome)
         if on_orphan is not None:
 
             def orphaned(done: Future[_T]) -> None:
@@ -72,6 +78,12 @@ async def offload(
 
             job.add_done_callback(orphaned)
         raise
+
+
+def _read_outcome(done: asyncio.Future[Any]) -> None:
+    """Mark the outcome of a job nobody waits for as read (its error is nobody's to report)."""
+    if not done.cancelled():
+        done.exception()
 
 
 #: The coroutines whose failures let go of what their frames hold (see

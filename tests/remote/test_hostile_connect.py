@@ -221,6 +221,44 @@ def test_cluster_store_trickled_handshake_and_slot_map(
     bounded(lambda: asyncio.run(scenario()), 30)
 
 
+def test_async_cluster_store_calls_that_reconnect_are_bounded_and_quiet(
+    hostile: HostileServer, pool: kvpool.TensorMemoryAllocator
+) -> None:
+    """Each call that must open a connection ends by its timeout; what it gave up on is silent.
+
+    The connection a timed-out call stopped waiting for fails a moment
+    later (the server closes it): that error is nobody's, so nothing may
+    reach the loop's exception handler ("Future exception was never
+    retrieved", logged by asyncio at ERROR).
+    """
+    url = f"redis-cluster://:hostile-pw@127.0.0.1:{hostile.port}"
+    src = pool.allocate(KV_SHAPE, KV_DTYPE, KV_FMT)
+    fill(src, 1)
+    reported: list[dict[str, Any]] = []
+
+    async def scenario() -> None:
+        asyncio.get_running_loop().set_exception_handler(lambda loop, ctx: reported.append(ctx))
+        store = AsyncRedisClusterStore(url, prefix="h:", timeout=1.0)
+        await store.put("a", src)
+        hostile.rule(b"AUTH", _trickle)
+        calls = _async_calls(store, pool, src)
+        for name in ("get", "get_stored_layout", "put", "batched_get", "exists", "head"):
+            hostile.drop_clients()  # the abandoned connection of the call before closes
+            _assert_timed_out(*await _atimed(calls[name]), 1.0)
+        del hostile.rules[b"AUTH"]
+        hostile.drop_clients()
+        await asyncio.sleep(0.2)  # the last abandoned connection's end reaches the loop
+        await store.aclose()
+
+    bounded(lambda: asyncio.run(scenario()), 60)
+    import gc
+
+    gc.collect()
+    src.ref_count_down()
+    assert_clean(pool)
+    assert reported == [], [ctx.get("message") for ctx in reported]
+
+
 # -- a server that never answers -------------------------------------------
 
 #: The timeout of the stores that meet a silent server (every call waits it out).
