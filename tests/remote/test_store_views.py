@@ -33,7 +33,7 @@ from kvpool.remote import AsyncFileStore, AsyncRedisStore, FileStore, RedisStore
 from kvpool.remote.header import EntryInfo
 
 from .conftest import KV_DTYPE, KV_FMT, KV_SHAPE, fill
-from .store_targets import KINDS, Target, make_target
+from .store_targets import HEADERLESS_KINDS, KINDS, Target, make_target
 
 OTHER_SHAPE = torch.Size([4, 512])  # another layout of the same 8 KiB
 
@@ -224,6 +224,45 @@ def test_the_store_leaves_an_exception_its_caller_was_handling_alone(
         assert handled.__traceback__.tb_next.tb_frame.f_locals["mine"] == ["the caller's"]
 
 
+@pytest.fixture(params=HEADERLESS_KINDS)
+def headerless(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Target]:
+    yield from make_target(request, request.param, tmp_path)
+
+
+def test_a_headerless_store_misses_quietly_and_refuses_with_the_stats_exact(
+    headerless: Target, pool: kvpool.TensorMemoryAllocator, strictness: bool, quiet: None
+) -> None:
+    """Headerless Mooncake: its size mismatches and refusals leave no destination behind."""
+    src = pool.allocate(KV_SHAPE, KV_DTYPE, KV_FMT)
+    fill(src, 5)
+    headerless.call("put", "k", src)
+    smaller, larger = torch.Size([2, 4, 16, 16]), torch.Size([2, 4, 16, 64])
+    layout = (KV_DTYPE, KV_FMT)
+    cases: list[tuple[str, tuple[Any, ...], Any]] = [
+        ("get", ("none", pool, KV_SHAPE, *layout), None),
+        ("batched_get", (["none", "gone"], pool, KV_SHAPE, *layout), [None, None]),
+        ("get", ("k", pool, smaller, *layout), CorruptEntryError),
+        ("get", ("k", pool, larger, *layout), CorruptEntryError),
+        ("batched_get", (["k", "none"], pool, smaller, *layout), CorruptEntryError),
+        ("batched_get", (["none", "k"], pool, larger, *layout), CorruptEntryError),
+        ("get", ("k", pool), InvalidArgumentError),  # no layout to learn it from
+        ("batched_get", (["k"], pool), InvalidArgumentError),
+        ("head", ("k",), InvalidArgumentError),  # no header to read
+    ]
+    for method, args, expected in cases:
+        before = pool.stats()
+        if isinstance(expected, type):
+            with pytest.raises(expected) as caught:
+                headerless.call(method, *args)
+            # The caller still holds the exception and its traceback.
+            assert caught.value.__traceback__ is not None
+        else:
+            assert headerless.call(method, *args) == expected, (method, args)
+        assert pool.stats() == before, (method, args)
+    headerless.call("delete", "k")
+    src.ref_count_down()
+
+
 # -- puts that fail --------------------------------------------------------
 
 
@@ -257,28 +296,45 @@ FAILING = [
         marks=pytest.mark.redis,
     ),
     pytest.param(
+        "async-cluster",
+        lambda tmp, req: _closed_cluster(asynchronous=True),
+        StoreConnectionError,
+        marks=pytest.mark.redis,
+    ),
+    pytest.param(
         "mooncake",
         lambda tmp, req: _small_buffer_mooncake(req),
+        RemoteStoreError,
+        marks=pytest.mark.mooncake,
+    ),
+    pytest.param(
+        "async-mooncake",
+        lambda tmp, req: _small_buffer_mooncake(req, asynchronous=True),
         RemoteStoreError,
         marks=pytest.mark.mooncake,
     ),
 ]
 
 
-def _closed_cluster() -> Any:
+def _closed_cluster(asynchronous: bool = False) -> Any:
+    from kvpool.remote import AsyncRedisClusterStore
     from kvpool.remote.cluster.store import RedisClusterStore
 
-    return RedisClusterStore("redis-cluster://127.0.0.1:1", ping=False, timeout=2.0)
+    url = "redis-cluster://127.0.0.1:1"
+    if asynchronous:  # connects at its first call
+        return AsyncRedisClusterStore(url, timeout=2.0)
+    return RedisClusterStore(url, ping=False, timeout=2.0)
 
 
-def _small_buffer_mooncake(request: pytest.FixtureRequest) -> Any:
+def _small_buffer_mooncake(request: pytest.FixtureRequest, asynchronous: bool = False) -> Any:
     # Replacing an entry copies it through the client's local buffer: with a
     # buffer smaller than the entry, the second put of a key fails.
     import uuid
 
+    from kvpool.remote import AsyncMooncakeStore
     from kvpool.remote.mooncake.store import MooncakeStore
 
-    return MooncakeStore(
+    return (AsyncMooncakeStore if asynchronous else MooncakeStore)(
         client=request.getfixturevalue("mooncake_client"),
         prefix=f"p-{uuid.uuid4().hex[:12]}:",
         local_buffer_size=4096,
@@ -312,7 +368,7 @@ def test_a_failed_put_leaves_its_object_exactly_as_it_was(
             fill(a, 1)
             fill(b, 2)
             keys = [f"{method}-a", f"{method}-b"]
-            if kind == "mooncake":  # the first put of a key fits; replacing it does not
+            if kind.endswith("mooncake"):  # the first put of a key fits; replacing it does not
                 call("batched_put", keys, [a, b])
             with pytest.raises(error) as caught:
                 if method == "put":
