@@ -170,3 +170,34 @@ def test_list_is_refused_and_the_flags_are_lmcaches(redis_server, tmp_path, lmc)
                 on_loop(manager, connection.list())
         finally:
             manager.close()
+
+
+def test_an_empty_call_leaves_nothing_behind(redis_server, tmp_path, lmc, deadline):
+    # A call of no keys answers at once and keeps no reference to the task that made it.
+    import gc
+    import weakref
+
+    manager = open_manager(redis_server.url + "/0", tmp_path)
+    try:
+        backend = manager.storage_backends[cases.BACKEND]
+
+        async def empty_calls() -> tuple[Any, list[Any]]:
+            task = asyncio.current_task()
+            assert task is not None
+            answers = [
+                await backend.batched_async_contains("lookup", []),
+                await backend.batched_get_non_blocking("lookup", []),
+                await backend.connection.batched_get([]),
+            ]
+            return weakref.ref(task), answers
+
+        ref, answers = on_loop(manager, empty_calls())
+        assert answers == [0, [], []]
+
+        def task_freed() -> bool:
+            gc.collect()
+            return ref() is None
+
+        deadline(task_freed, "the empty calls' task to be freed")
+    finally:
+        manager.close()

@@ -271,8 +271,10 @@ class KVPoolConnector(RemoteConnector):
     async def _get(self, keys: Sequence[Any], op: str) -> list[Any]:
         started = _perf()
         count = len(keys)
+        if not count:
+            return []
         task = self._enter()
-        if task is None or not count:
+        if task is None:
             return [None] * count
         names = [k.to_string() for k in keys]
         try:
@@ -402,8 +404,10 @@ class KVPoolConnector(RemoteConnector):
 
     async def _exists(self, keys: Sequence[Any], op: str) -> list[bool]:
         started = _perf()
+        if not keys:
+            return []
         task = self._enter()
-        if task is None or not keys:
+        if task is None:
             return [False] * len(keys)
         names = [k.to_string() for k in keys]
         try:
