@@ -6,15 +6,16 @@ of ``uint8`` make ``2**64 + 4096`` bytes, which ``numel()`` reports as
 recomputed, so it looks intact) must be refused as :class:`CorruptEntryError`
 by ``get`` (with and without a layout), ``batched_get`` and ``head``, and
 ``head`` must never report a wrapped size.  The entries are written behind
-the store's back, on a real FileStore, redis-server and Mooncake deployment.
+the store's back, on every kind of store (:mod:`.store_targets`): a real
+FileStore, redis-server, Redis Cluster and Mooncake deployment, blocking
+and asyncio.
 """
 
 from __future__ import annotations
 
-import socket
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -22,10 +23,9 @@ import torch
 import kvpool
 from kvpool.errors import CorruptEntryError
 from kvpool.formats import MAX_LAYOUT_BYTES
-from kvpool.remote import FileStore, RedisStore, RemoteStore
 from kvpool.remote.header import decode_header, encode_header, key_tag, layout_for
 
-from .conftest import RedisServer
+from .store_targets import KINDS, Target, make_target
 
 FMT = kvpool.MemoryFormat.BINARY
 PAYLOAD = 4096
@@ -63,76 +63,33 @@ def test_decode_header_takes_a_layout_of_exactly_the_limit() -> None:
 # -- the stores -----------------------------------------------------------
 
 
-def _raw_set(server: RedisServer, key: bytes, value: bytes) -> None:
-    """SET ``key`` ``value`` on a plain socket (behind the store's back)."""
-    args = [b"SET", key, value]
-    parts = [b"*%d\r\n" % len(args)] + [b"$%d\r\n%b\r\n" % (len(a), a) for a in args]
-    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as s:
-        s.sendall(b"".join(parts))
-        assert s.recv(16) == b"+OK\r\n"
-
-
-Writer = Callable[[list[torch.Size]], None]
-
-
-@pytest.fixture(params=["file", pytest.param("redis", marks=pytest.mark.redis),
-                        pytest.param("mooncake", marks=pytest.mark.mooncake)])  # fmt: skip
-def store_and_writer(
-    request: pytest.FixtureRequest, tmp_path: Path
-) -> Iterator[tuple[RemoteStore, Writer]]:
-    """A store and a function that writes a raw entry under its key ``"k"``."""
-    if request.param == "file":
-        with FileStore(tmp_path / "store") as fs:
-
-            def write_file(shapes: list[torch.Size]) -> None:
-                Path(fs.path("k")).write_bytes(_entry(shapes))
-
-            yield fs, write_file
-    elif request.param == "redis":
-        server: RedisServer = request.getfixturevalue("redis_server")
-        prefix = f"t-{uuid.uuid4().hex[:12]}:".encode()
-        with RedisStore(server.url, prefix=prefix.decode(), timeout=5.0) as rs:
-
-            def write_redis(shapes: list[torch.Size]) -> None:
-                _raw_set(server, prefix + b"k", _entry(shapes, tag=prefix + b"k"))
-
-            yield rs, write_redis
-    else:
-        from kvpool.remote.mooncake.store import MooncakeStore
-
-        client = request.getfixturevalue("mooncake_client")
-        with MooncakeStore(client=client, prefix=f"t-{uuid.uuid4().hex[:12]}:") as ms:
-
-            def write_mooncake(shapes: list[torch.Size]) -> None:
-                assert client.upsert_parts(ms.object_key("k"), _entry(shapes)) == 0  # type: ignore[attr-defined]
-
-            yield ms, write_mooncake
+@pytest.fixture(params=KINDS)
+def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Target]:
+    """Every kind of store, blocking and asyncio, with its raw entries behind its back."""
+    yield from make_target(request, request.param, tmp_path)
 
 
 @pytest.mark.parametrize("shapes", [WRAPPING, WRAPPING_SUM], ids=["one-group", "sum"])
 def test_every_read_refuses_a_layout_beyond_int64(
-    store_and_writer: tuple[RemoteStore, Writer],
-    pool: kvpool.TensorMemoryAllocator,
-    shapes: list[torch.Size],
+    target: Target, pool: kvpool.TensorMemoryAllocator, shapes: list[torch.Size]
 ) -> None:
-    store, write = store_and_writer
-    write(shapes)
-    calls: list[tuple[str, Callable[[], object]]] = [
-        ("head", lambda: store.head("k")),
-        ("get", lambda: store.get("k", pool)),
-        (
-            "get with a layout",
-            lambda: store.get("k", pool, torch.Size([PAYLOAD]), torch.uint8, FMT),
-        ),
-        ("batched_get", lambda: store.batched_get(["k"], pool)),
-        (
-            "batched_get with a layout",
-            lambda: store.batched_get(["k"], pool, torch.Size([PAYLOAD]), torch.uint8, FMT),
-        ),
+    # No key tag: the size is refused while the header is decoded, before
+    # the tag is compared.
+    target.write_raw("k", _entry(shapes))
+    layout = (torch.Size([PAYLOAD]), torch.uint8, FMT)
+    calls: list[tuple[str, tuple[Any, ...]]] = [
+        ("head", ("k",)),
+        ("get", ("k", pool)),
+        ("get", ("k", pool, *layout)),
+        ("batched_get", (["k"], pool)),
+        ("batched_get", (["k"], pool, *layout)),
     ]
-    for name, call in calls:
+    for method, args in calls:
+        before = pool.stats()
         with pytest.raises(CorruptEntryError, match="the int64 limit") as info:
-            got = call()
-            pytest.fail(f"{name} returned {got!r}")
-        assert "4096 bytes)" not in str(info.value), f"{name} reported a wrapped size: {info.value}"
-        assert pool.stats().active_objects == 0, name
+            got = target.call(method, *args)
+            pytest.fail(f"{method}{args} returned {got!r}")
+        assert "4096 bytes)" not in str(info.value), (
+            f"{method} reported a wrapped size: {info.value}"
+        )
+        assert pool.stats() == before, method
