@@ -110,6 +110,23 @@ def test_a_wrong_class_name_is_lmcaches_error_line(tmp_path: Path, lmcache_backe
     assert any("Failed to load remote connector kvpool" in m for m in logged), logged
 
 
+def test_naming_the_connector_class_is_refused_with_the_fix(
+    tmp_path: Path, lmcache_backend_log
+) -> None:
+    # The module exports KVPoolConnector too; LMCache would make it itself, without a
+    # store. The backend must not stay with no connection, and the error names the fix.
+    text = cases.config_text("redis://127.0.0.1:1/0").replace(
+        "class_name: KVPoolConnectorAdapter", "class_name: KVPoolConnector"
+    )
+    manager = cases.make_manager(cases.load_config(text, tmp_path))
+    try:
+        assert list(manager.storage_backends) == ["LocalCPUBackend"]
+    finally:
+        manager.close()
+    logged = [r.getMessage() for r in lmcache_backend_log.records if r.levelno >= logging.ERROR]
+    assert any("class_name: KVPoolConnectorAdapter" in m for m in logged), logged
+
+
 def test_an_unknown_option_is_refused_with_the_closest_name(tmp_path: Path) -> None:
     text = cases.config_text("redis://127.0.0.1:1/0", "remote_storage_plugin.kvpool.timout: 2")
     message = refusal(text, tmp_path)

@@ -53,7 +53,9 @@ Passwords in the URL are shown as ``***``.  In code:
 wraps a :class:`KVPoolConnector` (``.getWrappedConnector()``).  If
 neither appears, LMCache did not load the plugin: look for its ERROR line
 ``Failed to load remote connector kvpool`` (a wrong ``module_path`` or
-``class_name``) - LMCache then stores nothing remotely.
+``class_name``) - LMCache then stores nothing remotely.  A ``class_name``
+of ``KVPoolConnector`` (the connector, not its adapter) is refused at
+start-up with a :class:`PluginConfigError` naming the fix.
 
 Behaviour (see :mod:`~kvpool.integrations.lmcache.remote_connector`):
 keys are ``CacheEngineKey.to_string()``; a chunk read back must be one

@@ -49,7 +49,7 @@ from kvpool.errors import (
     PoolClosedError,
     StoreTimeoutError,
 )
-from kvpool.integrations.lmcache.remote_config import PluginSettings
+from kvpool.integrations.lmcache.remote_config import PluginConfigError, PluginSettings
 from kvpool.integrations.lmcache.remote_memory import (
     BackendAllocator,
     fits,
@@ -92,6 +92,12 @@ class KVPoolConnector(RemoteConnector):
         config: LMCache's engine config.
         metadata: LMCache's engine metadata.
 
+    Raises:
+        PluginConfigError: no store or settings.  LMCache makes a connector
+            class itself, with only ``loop``, ``local_cpu_backend`` and
+            ``config``, when a config's ``class_name`` names it instead of
+            its adapter; the message says to name ``KVPoolConnectorAdapter``.
+
     Attributes:
         store: the store.
         counters: every call this connector made, as a store counts them
@@ -101,13 +107,22 @@ class KVPoolConnector(RemoteConnector):
 
     def __init__(
         self,
-        store: AsyncRemoteStore,
-        settings: PluginSettings,
-        loop: asyncio.AbstractEventLoop,
-        local_cpu_backend: Any,
-        config: Any,
-        metadata: Any,
+        store: AsyncRemoteStore | None = None,
+        settings: PluginSettings | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
+        local_cpu_backend: Any = None,
+        config: Any = None,
+        metadata: Any = None,
     ) -> None:
+        # The defaults are there only to catch LMCache's own way of making a
+        # connector class (DynamicConnectorAdapter): a clear error, not a TypeError
+        # that LMCache logs as a connection failure and retries for good.
+        if store is None or settings is None or loop is None:
+            raise PluginConfigError(
+                "LMCache made KVPoolConnector itself, without a store: the config's "
+                "remote_storage_plugin.<instance>.class_name names the connector; name the "
+                "adapter instead: class_name: KVPoolConnectorAdapter"
+            )
         super().__init__(config, metadata)
         self.store = store
         self.settings = settings
