@@ -95,19 +95,44 @@ def test_a_missing_url_is_refused_at_start_up(tmp_path: Path, lmcache_backend_lo
     assert any("remote_storage_plugin.kvpool.url" in m for m in logged), logged
 
 
-def test_a_wrong_class_name_is_lmcaches_error_line(tmp_path: Path, lmcache_backend_log) -> None:
+@pytest.mark.parametrize(
+    ("wrong", "right", "line", "level"),
+    [
+        (
+            "class_name: KVPoolAdapter",
+            "class_name: KVPoolConnectorAdapter",
+            "Failed to load remote connector kvpool",
+            logging.ERROR,
+        ),
+        (
+            "module_path: kvpool.integrations.lmcache.remotes",
+            "module_path: kvpool.integrations.lmcache.remote",
+            "Failed to load remote connector kvpool",
+            logging.ERROR,
+        ),
+        (
+            "# no class_name",
+            "remote_storage_plugin.kvpool.class_name: KVPoolConnectorAdapter",
+            "Remote connector kvpool missing adapter module_path or class_name",
+            logging.WARNING,
+        ),
+    ],
+    ids=["class_name", "module_path", "missing"],
+)
+def test_a_plugin_lmcache_cannot_load_is_its_log_line(
+    tmp_path: Path, lmcache_backend_log, wrong: str, right: str, line: str, level: int
+) -> None:
     # What the docs tell a user to look for when the plugin did not load: LMCache
-    # logs the failed import and keeps a backend with no connection.
-    text = cases.config_text("redis://127.0.0.1:1/0").replace(
-        "class_name: KVPoolConnectorAdapter", "class_name: KVPoolAdapter"
-    )
-    manager = cases.make_manager(cases.load_config(text, tmp_path))
+    # logs this line and keeps a backend with no connection.
+    text = cases.config_text("redis://127.0.0.1:1/0")
+    assert right in text
+    manager = cases.make_manager(cases.load_config(text.replace(right, wrong), tmp_path))
     try:
         assert manager.storage_backends[cases.BACKEND].connection is None
     finally:
         manager.close()
-    logged = [r.getMessage() for r in lmcache_backend_log.records if r.levelno >= logging.ERROR]
-    assert any("Failed to load remote connector kvpool" in m for m in logged), logged
+    logged = [r.getMessage() for r in lmcache_backend_log.records if r.levelno == level]
+    assert any(line in m for m in logged), logged
 
 
 def test_naming_the_connector_class_is_refused_with_the_fix(
