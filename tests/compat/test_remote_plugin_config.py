@@ -291,6 +291,41 @@ def test_two_instances_are_two_backends(tmp_path: Path, redis_server, lmc) -> No
     assert any((tmp_path / "cold").iterdir())
 
 
+def test_an_instance_and_one_named_under_it(tmp_path: Path, redis_server, lmc) -> None:
+    # remote_storage_plugin.kvpool.cold.* starts with kvpool's prefix, and is not kvpool's.
+    text = cases.SIZES + textwrap.dedent(
+        f"""\
+        remote_serde: "naive"
+        remote_storage_plugins: ["kvpool", "kvpool.cold"]
+        extra_config:
+          remote_storage_plugin.kvpool.module_path: kvpool.integrations.lmcache.remote
+          remote_storage_plugin.kvpool.class_name: KVPoolConnectorAdapter
+          remote_storage_plugin.kvpool.url: "{redis_server.url}/0"
+          remote_storage_plugin.kvpool.timeout: 3
+          remote_storage_plugin.kvpool.cold.module_path: kvpool.integrations.lmcache.remote
+          remote_storage_plugin.kvpool.cold.class_name: KVPoolConnectorAdapter
+          remote_storage_plugin.kvpool.cold.url: "file://{tmp_path}/cold"
+          remote_storage_plugin.kvpool.cold.durable: false
+        """
+    )
+    manager = cases.make_manager(cases.load_config(text, tmp_path))
+    try:
+        names = list(manager.storage_backends)
+        assert names == ["LocalCPUBackend", cases.BACKEND, "RemoteBackend-kvpool.cold"]
+        stores = {}
+        for name in names[1:]:
+            connector = manager.storage_backends[name].connection.getWrappedConnector()
+            stores[name] = (type(connector.store).__name__, connector.settings.options)
+            ev = cases.round_trip(manager, n=2, partial=3, name=name)
+            assert [d["digest"] for d in ev["batched"]] == ev["written"]["digests"], name
+    finally:
+        manager.close()
+    assert stores == {
+        cases.BACKEND: ("AsyncRedisStore", {"timeout": 3}),
+        "RemoteBackend-kvpool.cold": ("AsyncFileStore", {"durable": False}),
+    }
+
+
 def run_child(code: str, **env: str) -> subprocess.CompletedProcess[str]:
     """``code`` in a fresh interpreter of this environment (no install(), no conftest)."""
     child_env = {**os.environ, **env}

@@ -147,7 +147,8 @@ class KVPoolConnectorAdapter(ConnectorAdapter):
                 f"plugin://{PLUGIN_TYPE} and plugin://{PLUGIN_TYPE}.<instance>"
             )
         extra = context.config.extra_config if context.config is not None else None
-        settings = read_settings(extra, instance)
+        instances = getattr(context.config, "remote_storage_plugins", None) or ()
+        settings = read_settings(extra, instance, instances)
         serde = getattr(context.config, "remote_serde", "naive")
         if serde not in SERDES:
             raise PluginConfigError(

@@ -21,7 +21,7 @@ connector, naming the full ``extra_config`` key.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,12 +107,17 @@ def instance_of(url: str) -> str | None:
     return None
 
 
-def read_settings(extra_config: Mapping[str, Any] | None, instance: str) -> PluginSettings:
+def read_settings(
+    extra_config: Mapping[str, Any] | None, instance: str, instances: Sequence[str] = ()
+) -> PluginSettings:
     """The settings of ``instance`` from LMCache's ``extra_config``.
 
     Args:
         extra_config: the engine config's ``extra_config`` (may be None).
         instance: ``kvpool`` or ``kvpool.<name>``.
+        instances: every instance in LMCache's ``remote_storage_plugins``:
+            the keys of ``kvpool.hot`` start with ``kvpool``'s prefix too,
+            and are not ``kvpool``'s.
 
     Returns:
         The URL and the store options found under the instance's prefix.
@@ -121,10 +126,15 @@ def read_settings(extra_config: Mapping[str, Any] | None, instance: str) -> Plug
         PluginConfigError: no ``url``, or a ``url`` that is not a non-empty str.
     """
     prefix = f"remote_storage_plugin.{instance}."
+    theirs = tuple(
+        f"remote_storage_plugin.{other}."
+        for other in instances
+        if isinstance(other, str) and other.startswith(prefix[len("remote_storage_plugin.") :])
+    )
     mine = {
         key[len(prefix) :]: value
         for key, value in (extra_config or {}).items()
-        if isinstance(key, str) and key.startswith(prefix)
+        if isinstance(key, str) and key.startswith(prefix) and not key.startswith(theirs)
     }
     url = mine.pop("url", None)
     if url is None:
