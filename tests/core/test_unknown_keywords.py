@@ -3,11 +3,13 @@
 The walk covers every callable in ``kvpool.__all__`` and
 ``kvpool.remote.__all__``: functions, constructors, and the public methods,
 static methods and class methods of every exported class (inherited ones
-included).  Each is called with one of its keywords misspelt (first letter
+included).  Each is called with each of its keywords misspelt (first letter
 upper-cased) and nothing else: the call's own binding fails before any of
 its code runs, so no real argument is needed.  The error must be kvpool's
-``ArgumentTypeError`` (a ``TypeError``) naming the keyword as misspelt and
-suggesting the right one.  A new public call is covered by the walk as soon
+``ArgumentTypeError`` (a ``TypeError``) naming the keyword as misspelt,
+suggesting the right one and listing every keyword the call takes (its
+named parameters and, for one taking ``**kwargs``, those it declares with
+``kvpool.checks.takes_keywords``).  A new public call is covered by the walk as soon
 as it is exported; the only calls left to Python's own ``TypeError`` are the
 ones a class declares internal (``_internal_calls``, ``*_locked``: kvpool's
 own contracts).
@@ -128,9 +130,10 @@ def test_the_walk_finds_the_calls_the_issue_names() -> None:
 
 
 #: Calls whose ``**options`` go on to another walked call, which names them
-#: (the store that ``open_store`` picked lists its own options, not every
-#: store's); their own named parameters are walked in
-#: test_calls_taking_any_keyword_refuse_an_unknown_one.
+#: (the store ``open_store`` picked lists its own options, not every store's;
+#: test_calls_taking_any_keyword_refuse_an_unknown_one checks the refusal).
+#: Their one named parameter is positional in practice: ``spec=`` misspelt
+#: gets Python's own missing-argument error.
 FORWARDERS = frozenset(
     {"kvpool.HostSpec.replace", "kvpool.remote.open_store", "kvpool.remote.open_async_store"}
 )
