@@ -511,3 +511,15 @@ def test_allocate_with_dtype_names_dtypes(make: Callable[[], tuple[Any, Any]]) -
     pool.batched_free(objs, None, True)
     assert pool.num_active_allocations == 0
     owner.close()
+
+
+def test_open_async_store_names_the_asyncio_store_s_own_options(tmp_path: Any) -> None:
+    """``threads`` is AsyncFileStore's own option: suggested, listed, and the opener named."""
+    with pytest.raises(ArgumentTypeError) as info:
+        kvpool.remote.open_async_store(str(tmp_path), thread=2)
+    text = str(info.value)
+    assert text.startswith(
+        "AsyncFileStore (opened by open_async_store) got an unexpected keyword argument "
+        "'thread'; did you mean 'threads'? (accepted: "
+    ), text
+    assert "threads" in _accepted(text) and "io_threads" not in _accepted(text), text
