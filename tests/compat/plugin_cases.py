@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +50,46 @@ CHUNK_SHAPE = torch.Size([2, 2, CHUNK_TOKENS, 128])  # [kv, layers, tokens, hidd
 DTYPE = torch.float16
 BACKEND = "RemoteBackend-kvpool"
 LIVENESS = 30.0
+#: The plugin's logger (set up by LMCache's init_logger: it does not propagate).
+PLUGIN_LOGGER = "kvpool.integrations.lmcache.remote"
+
+
+class Collect(logging.Handler):
+    """Keeps every record at ``level`` or above that the loggers it is attached to let through."""
+
+    def __init__(self, level: int = logging.DEBUG) -> None:
+        super().__init__(level)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        """Keep ``record``."""
+        self.records.append(record)
+
+    def messages(self) -> list[str]:
+        """Every message kept, formatted."""
+        return [r.getMessage() for r in self.records]
+
+    def at(self, level: int) -> list[str]:
+        """The messages logged at exactly ``level``."""
+        return [r.getMessage() for r in self.records if r.levelno == level]
+
+
+@contextmanager
+def collecting(*names: str, level: int = logging.DEBUG) -> Iterator[Collect]:
+    """A :class:`Collect` attached to the loggers ``names`` for the ``with`` block.
+
+    LMCache's loggers and the plugin's do not propagate, so a test reads
+    them here rather than through pytest's ``caplog``.
+    """
+    handler = Collect(level)
+    loggers = [logging.getLogger(name) for name in names]
+    for logger in loggers:
+        logger.addHandler(handler)
+    try:
+        yield handler
+    finally:
+        for logger in loggers:
+            logger.removeHandler(handler)
 
 
 def config_text(url: str, *extra: str, head: str = "") -> str:

@@ -33,7 +33,6 @@ from conftest import REPO
 import kvpool
 
 CHILD_TIMEOUT = 180
-PLUGIN_LOGGER = "kvpool.integrations.lmcache.remote"
 
 #: store kind -> (the async store class the plugin must open, what the round trip writes)
 KINDS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -46,29 +45,11 @@ KINDS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
-class Collect(logging.Handler):
-    """Keeps every record it is given."""
-
-    def __init__(self, level: int = logging.WARNING) -> None:
-        super().__init__(level)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-    def messages(self) -> list[str]:
-        """The messages, formatted."""
-        return [r.getMessage() for r in self.records]
-
-
 @pytest.fixture
-def plugin_log() -> Iterator[Collect]:
-    """Warnings and errors of the plugin's logger (LMCache's loggers do not propagate)."""
-    handler = Collect()
-    logger = logging.getLogger(PLUGIN_LOGGER)
-    logger.addHandler(handler)
-    yield handler
-    logger.removeHandler(handler)
+def plugin_log() -> Iterator[cases.Collect]:
+    """Warnings and errors of the plugin's logger."""
+    with cases.collecting(cases.PLUGIN_LOGGER, level=logging.WARNING) as handler:
+        yield handler
 
 
 @pytest.fixture(params=list(KINDS))
@@ -124,7 +105,9 @@ def test_the_config_block_is_the_readmes_verbatim() -> None:
     assert '"redis://h:1/0"' in text and cases.VERBATIM_URL not in text
 
 
-def test_round_trip_on_kvpool_memory(target: dict[str, Any], lmc, plugin_log: Collect) -> None:
+def test_round_trip_on_kvpool_memory(
+    target: dict[str, Any], lmc, plugin_log: cases.Collect
+) -> None:
     text = cases.config_text(target["url"], head=target.get("head", ""))
     manager = cases.make_manager(cases.load_config(text, Path(target["folder"])))
     try:
@@ -177,7 +160,7 @@ def test_round_trip_on_lmcaches_own_memory(target: dict[str, Any], tmp_path: Pat
 
 @pytest.mark.parametrize("kind", ["redis", "file"])
 def test_layerwise_chunks_round_trip(
-    kind: str, tmp_path: Path, lmc, plugin_log: Collect, request: pytest.FixtureRequest
+    kind: str, tmp_path: Path, lmc, plugin_log: cases.Collect, request: pytest.FixtureRequest
 ) -> None:
     # With use_layerwise, LMCache's cache engine stores one object per layer and
     # chunk, [tokens, kv, hidden] in KV_T2D, the last chunk's with fewer tokens.

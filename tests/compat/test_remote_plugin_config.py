@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import plugin_cases as cases
@@ -30,31 +31,16 @@ from kvpool.integrations.lmcache.remote import (
 CHILD_TIMEOUT = 180
 
 
-class Collect(logging.Handler):
-    """Keeps every record it is given."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-
 @pytest.fixture
-def lmcache_backend_log():
-    """Records of LMCache's storage-backend loggers (which do not propagate)."""
-    handler = Collect()
-    names = [
+def lmcache_backend_log() -> Iterator[cases.Collect]:
+    """Records of LMCache's storage-backend loggers."""
+    names = (
         "lmcache.v1.storage_backend",
         "lmcache.v1.storage_backend.remote_backend",
         "lmcache.v1.storage_backend.connector",
-    ]
-    for name in names:
-        logging.getLogger(name).addHandler(handler)
-    yield handler
-    for name in names:
-        logging.getLogger(name).removeHandler(handler)
+    )
+    with cases.collecting(*names) as handler:
+        yield handler
 
 
 def refusal(text: str, folder: Path) -> str:

@@ -35,32 +35,12 @@ import torch
 import kvpool
 from kvpool import MemoryFormat
 
-PLUGIN_LOGGER = "kvpool.integrations.lmcache.remote"
-
-
-class Collect(logging.Handler):
-    """Keeps every record it is given."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-    def at(self, level: int) -> list[str]:
-        """The messages logged at exactly ``level``."""
-        return [r.getMessage() for r in self.records if r.levelno == level]
-
 
 @pytest.fixture
-def plugin_log() -> Iterator[Collect]:
+def plugin_log() -> Iterator[cases.Collect]:
     """Every record of the plugin's logger that its level lets through."""
-    handler = Collect()
-    logger = logging.getLogger(PLUGIN_LOGGER)
-    logger.addHandler(handler)
-    yield handler
-    logger.removeHandler(handler)
+    with cases.collecting(cases.PLUGIN_LOGGER) as handler:
+        yield handler
 
 
 class Opened:
@@ -194,7 +174,7 @@ def test_a_killed_server_is_one_warning_and_lmcache_keeps_serving(
     opened = Opened(
         own_redis_server.url + "/0", tmp_path, "remote_storage_plugin.kvpool.timeout: 2"
     )
-    logger = logging.getLogger(PLUGIN_LOGGER)
+    logger = logging.getLogger(cases.PLUGIN_LOGGER)
     level = logger.level
     logger.setLevel(logging.INFO)  # LMCACHE_LOG_LEVEL is WARNING in the compat suite
     try:

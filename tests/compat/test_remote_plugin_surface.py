@@ -31,28 +31,12 @@ import pytest
 
 from kvpool.errors import FeatureUnavailableError, InvalidArgumentError
 
-PLUGIN_LOGGER = "kvpool.integrations.lmcache.remote"
-
-
-class Collect(logging.Handler):
-    """Keeps every record it is given."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
 
 @pytest.fixture
-def plugin_log() -> Iterator[Collect]:
-    """Warnings and errors of the plugin's logger (LMCache's loggers do not propagate)."""
-    handler = Collect()
-    logger = logging.getLogger(PLUGIN_LOGGER)
-    logger.addHandler(handler)
-    yield handler
-    logger.removeHandler(handler)
+def plugin_log() -> Iterator[cases.Collect]:
+    """Warnings and errors of the plugin's logger."""
+    with cases.collecting(cases.PLUGIN_LOGGER, level=logging.WARNING) as handler:
+        yield handler
 
 
 def open_manager(url: str, folder: Path, *extra: str) -> Any:
@@ -90,7 +74,7 @@ def test_prefix_lookups_and_the_non_blocking_get(redis_server, tmp_path, lmc, pl
         assert counts["batched_exists"].entries == 5 + 4 + 5 + 4 + 5
     finally:
         manager.close()
-    assert not plugin_log.records, [r.getMessage() for r in plugin_log.records]
+    assert not plugin_log.records, plugin_log.messages()
 
 
 def test_contains_through_exists_sync(redis_server, tmp_path, lmc, plugin_log):
@@ -106,7 +90,7 @@ def test_contains_through_exists_sync(redis_server, tmp_path, lmc, plugin_log):
         assert connector.counters.snapshot()["exists"].entries >= 3
     finally:
         manager.close()
-    assert not plugin_log.records, [r.getMessage() for r in plugin_log.records]
+    assert not plugin_log.records, plugin_log.messages()
 
 
 def test_a_blocking_form_on_the_loop_thread_is_refused(redis_server, tmp_path, lmc):
@@ -143,7 +127,7 @@ def test_ping_through_lmcaches_health_check(own_redis_server, tmp_path, lmc, plu
         own_redis_server.proc.wait(10)
         assert on_loop(manager, backend.connection.ping()) == -2  # LMCache's generic failure
         assert check.check() is False
-        warnings = [r.getMessage() for r in plugin_log.records]
+        warnings = plugin_log.messages()
         assert len(warnings) == 1 and "StoreConnectionError" in warnings[0], warnings
     finally:
         manager.close()
