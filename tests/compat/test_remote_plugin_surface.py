@@ -15,7 +15,9 @@ directory where the store kind matters), the other entry points LMCache
 * LMCache's ``RemoteBackendHealthCheck`` -> ``support_ping`` / ``ping``,
   with the server up and killed (LMCache's error codes);
 * ``list`` (a documented refusal) and the ``support_*`` flags;
-* a blocking form called on the loop's own thread is refused, typed.
+* a blocking form called on the loop's own thread is refused, typed;
+* a put held by the server leaves the loop free: a get is served meanwhile;
+* a call of no keys keeps nothing.
 """
 
 from __future__ import annotations
@@ -184,4 +186,29 @@ def test_an_empty_call_leaves_nothing_behind(redis_server, tmp_path, lmc, deadli
 
         deadline(task_freed, "the empty calls' task to be freed")
     finally:
+        manager.close()
+
+
+def test_a_put_held_by_the_server_does_not_hold_the_loop(own_redis_server, tmp_path, lmc):
+    # LMCache runs every connector call on one event loop: while a put waits for the
+    # server, a get of another key is served (a blocking store would serve it after).
+    from lmcache.v1.memory_management import MemoryFormat
+
+    manager = open_manager(own_redis_server.url + "/0", tmp_path)
+    try:
+        backend = manager.storage_backends[cases.BACKEND]
+        written = cases.write_chunks(manager, 1, None, seed=100)
+        cases.wait_stored(backend, written["keys"])
+        held = manager.allocate(cases.CHUNK_SHAPE, cases.DTYPE, MemoryFormat.KV_2LTD)
+        cases.fill(held, 101)
+        assert own_redis_server.command("CLIENT", "PAUSE", "5000", "WRITE") == b"+OK"
+        put = backend.submit_put_task(cases.make_keys(1)[0], held)
+        held.ref_count_down()  # the backend holds its own reference
+        got = backend.get_blocking(written["keys"][0])
+        assert not put.done()  # the put is still at the server...
+        assert cases.describe(got)["digest"] == written["digests"][0]  # ...and the get was served
+        assert own_redis_server.command("CLIENT", "UNPAUSE") == b"+OK"
+        put.result(cases.LIVENESS)
+    finally:
+        own_redis_server.command("CLIENT", "UNPAUSE")
         manager.close()
