@@ -189,16 +189,28 @@ class AsyncFileStore(AsyncRemoteStore):
         self.store.close()
 
     async def aclose(self) -> None:
-        """Close, after the calls still running in the threads have finished."""
+        """Close, after the calls still running in the threads have finished.
+
+        The close completes even when the awaiting task is cancelled (a
+        caller that stops waiting after a bound): waiting for the threads
+        and closing the store are one job in a thread of its own, which a
+        cancellation stops awaiting but does not stop.
+        """
         if self._closed:
             return
         self._closed = True
-        if self._threads is not None:
-            waiter = ThreadPoolExecutor(1)
-            try:
-                await offload(waiter, self._threads.shutdown, True)
-            finally:
-                waiter.shutdown(wait=False)
+        if self._threads is None:
+            self.store.close()
+            return
+        waiter = ThreadPoolExecutor(1, thread_name_prefix="kvpool-AsyncFileStore-close")
+        try:
+            await offload(waiter, self._drain_and_close, self._threads)
+        finally:
+            waiter.shutdown(wait=False)  # its one job still runs to the end
+
+    def _drain_and_close(self, threads: ThreadPoolExecutor) -> None:
+        """Wait for the calls in ``threads`` to end, then close the blocking store."""
+        threads.shutdown(wait=True)
         self.store.close()
 
     def __repr__(self) -> str:

@@ -308,11 +308,29 @@ class AsyncMooncakeStore(AsyncRemoteStore):
         """Close after the calls in their threads have ended (waiting at most ``timeout`` s).
 
         The blocking store is closed in a thread; a call still running past
-        the wait keeps it until it ends (then it closes it).
+        the wait keeps it until it ends (then it closes it).  Cancelled while
+        it waits, it still completes the close as :meth:`close` does.
         """
         if self._closed:
             return
         self._closed = True
+        try:
+            stuck = await self._drain()
+        except asyncio.CancelledError:
+            # The awaiting task gave up (a caller's bound): finish the close
+            # without waiting, as close() does; a call still running closes
+            # the store when it ends, and the idle threads end now.
+            self._close()
+            raise
+        # With nothing running the threads are idle and end at once.
+        self._threads.shutdown(wait=not stuck)
+
+    async def _drain(self) -> bool:
+        """Wait for the running calls (at most ``timeout`` s), then close the store if none is left.
+
+        Returns:
+            True when a call is still running (it closes the store when it ends).
+        """
         loop = asyncio.get_running_loop()
         drained: asyncio.Future[None] = loop.create_future()
         with self._lock:
@@ -330,8 +348,7 @@ class AsyncMooncakeStore(AsyncRemoteStore):
                 self._store_closed = True
         if close_store:
             await offload(self._threads, self.store.close)
-        # With nothing running the threads are idle and end at once.
-        self._threads.shutdown(wait=not stuck)
+        return stuck
 
     def __repr__(self) -> str:
         return f"<AsyncMooncakeStore {self.server}{' closed' if self._closed else ''}>"
