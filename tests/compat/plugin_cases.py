@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -90,6 +91,39 @@ def collecting(*names: str, level: int = logging.DEBUG) -> Iterator[Collect]:
     finally:
         for logger in loggers:
             logger.removeHandler(handler)
+
+
+class Opened:
+    """A StorageManager with the plugin on ``url``, its remote backend and the plugin's connector.
+
+    Args:
+        url: the store URL for the config's ``url`` line.
+        folder: where the config file is written.
+        *extra: more ``extra_config`` lines.
+    """
+
+    def __init__(self, url: str, folder: Path, *extra: str) -> None:
+        self.manager = make_manager(load_config(config_text(url, *extra), folder))
+        self.backend = self.manager.storage_backends[BACKEND]
+        self.connector = self.backend.connection.getWrappedConnector()
+        self.allocator = self.manager.allocator_backend.memory_allocator
+
+    def chunk(self, seed: int, tokens: int = CHUNK_TOKENS) -> tuple[Any, str]:
+        """A chunk allocated through LMCache and filled; its digest."""
+        from lmcache.v1.memory_management import MemoryFormat
+
+        shape = torch.Size([2, 2, tokens, 128])
+        obj = self.manager.allocate(shape, DTYPE, MemoryFormat.KV_2LTD)
+        return obj, fill(obj, seed)
+
+    def close(self) -> None:
+        """Close the manager (and with it the plugin's backend)."""
+        self.manager.close()
+
+
+def kvpool_threads() -> list[str]:
+    """The names of the live threads kvpool's stores started (``kvpool-`` prefix)."""
+    return [t.name for t in threading.enumerate() if t.name.startswith("kvpool-")]
 
 
 def config_text(url: str, *extra: str, head: str = "") -> str:

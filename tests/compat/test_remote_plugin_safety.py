@@ -1,8 +1,8 @@
-"""The LMCache remote plugin under stress: order, bad entries, hostile and dead servers, close.
+"""The LMCache remote plugin under stress: order, bad entries, hostile servers, metrics.
 
 LMCache's real StorageManager on kvpool memory (the compat conftest ran
 ``install()``), the README's plugin config, real redis-servers (one per
-test where a test pauses or kills it) and tests/remote's hostile server:
+test where a test pauses it) and tests/remote's hostile server:
 
 * a get submitted after a put of the same key never reads the older entry
   (the server is paused for writes, so the put is held there while a read
@@ -11,21 +11,18 @@ test where a test pauses or kills it) and tests/remote's hostile server:
   naming the key; nothing escapes into LMCache and nothing leaks;
 * a lying server (absurd lengths, a reply cut off, another key's entry, a
   trickle past the timeout) gives misses, typed in the counters;
-* a killed server: one warning, LMCache keeps serving from its CPU cache,
-  and the plugin works again once the server is back;
-* ``close()`` with 32 puts held by the server returns within 2 s, logs
-  them once, and leaves no connection or thread;
 * the connector's counters reach LMCache's Prometheus registry and
   LMCache's stats monitor sees the plugin's bytes.
+
+A killed server and a close with puts in flight, on every kind of store:
+``test_remote_plugin_outages.py``.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import plugin_cases as cases
@@ -43,25 +40,6 @@ def plugin_log() -> Iterator[cases.Collect]:
         yield handler
 
 
-class Opened:
-    """A StorageManager with the plugin, its remote backend and the plugin's connector."""
-
-    def __init__(self, url: str, folder: Path, *extra: str) -> None:
-        self.manager = cases.make_manager(cases.load_config(cases.config_text(url, *extra), folder))
-        self.backend = self.manager.storage_backends[cases.BACKEND]
-        self.connector = self.backend.connection.getWrappedConnector()
-        self.allocator = self.manager.allocator_backend.memory_allocator
-
-    def chunk(self, seed: int, tokens: int = cases.CHUNK_TOKENS) -> tuple[Any, str]:
-        """A chunk allocated through LMCache and filled; its digest."""
-        shape = torch.Size([2, 2, tokens, 128])
-        obj = self.manager.allocate(shape, cases.DTYPE, MemoryFormat.KV_2LTD)
-        return obj, cases.fill(obj, seed)
-
-    def close(self) -> None:
-        self.manager.close()
-
-
 def redis_client(server: Any) -> Any:
     import redis
 
@@ -69,7 +47,7 @@ def redis_client(server: Any) -> Any:
 
 
 def test_a_get_never_overtakes_a_put_of_its_key(own_redis_server, tmp_path, lmc, plugin_log):
-    opened = Opened(own_redis_server.url + "/0", tmp_path)
+    opened = cases.Opened(own_redis_server.url + "/0", tmp_path)
     try:
         written = cases.write_chunks(opened.manager, 1, None, seed=1)
         key = written["keys"][0]
@@ -92,7 +70,7 @@ def test_a_get_never_overtakes_a_put_of_its_key(own_redis_server, tmp_path, lmc,
 def test_bad_entries_are_misses_with_one_warning_each(redis_server, tmp_path, lmc, plugin_log):
     from kvpool.remote import RedisStore
 
-    opened = Opened(redis_server.url + "/0", tmp_path)
+    opened = cases.Opened(redis_server.url + "/0", tmp_path)
     client = redis_client(redis_server)
     try:
         written = cases.write_chunks(opened.manager, 4, None, seed=10)
@@ -135,7 +113,7 @@ def test_hostile_server_guarantees_hold_through_the_connector(tmp_path, lmc, plu
     from remote.hostile_server import Cut, HostileServer, Trickle, bulk
 
     server = HostileServer()
-    opened = Opened(server.url, tmp_path, "remote_storage_plugin.kvpool.timeout: 1")
+    opened = cases.Opened(server.url, tmp_path, "remote_storage_plugin.kvpool.timeout: 1")
     try:
         written = cases.write_chunks(opened.manager, 2, None, seed=20)
         keys = written["keys"]
@@ -166,96 +144,10 @@ def test_hostile_server_guarantees_hold_through_the_connector(tmp_path, lmc, plu
         server.close()
 
 
-def test_a_killed_server_is_one_warning_and_lmcache_keeps_serving(
-    own_redis_server, tmp_path, lmc, plugin_log
-):
-    from conftest import start_redis_server
-
-    opened = Opened(
-        own_redis_server.url + "/0", tmp_path, "remote_storage_plugin.kvpool.timeout: 2"
-    )
-    logger = logging.getLogger(cases.PLUGIN_LOGGER)
-    level = logger.level
-    logger.setLevel(logging.INFO)  # LMCACHE_LOG_LEVEL is WARNING in the compat suite
-    try:
-        first = cases.write_chunks(opened.manager, 3, None, seed=30)
-        cases.wait_stored(opened.backend, first["keys"])
-        own_redis_server.proc.kill()
-        own_redis_server.proc.wait(10)
-        # Puts, lookups and gets go on: misses for the remote, hits from the CPU cache.
-        second = cases.write_chunks(opened.manager, 3, None, seed=40)
-        assert opened.backend.get_blocking(first["keys"][0]) is None
-        assert opened.backend.contains(second["keys"][0]) is False
-        assert opened.backend.batched_get_blocking(second["keys"]) == [None] * 3
-        for key, digest in zip(second["keys"], second["digests"], strict=True):
-            obj = opened.manager.get(key)  # LocalCPUBackend still has it
-            assert obj is not None and cases.digest(obj.byte_array) == digest
-            obj.ref_count_down()
-        warnings = plugin_log.at(logging.WARNING)
-        assert len(warnings) == 1 and "StoreConnectionError" in warnings[0], warnings
-        assert opened.connector.report.outages == 1
-        # The server comes back (empty, on the same port): the plugin stores again.
-        restarted = start_redis_server(tmp_path, own_redis_server.port)
-        own_redis_server.proc = restarted.proc
-        third = cases.write_chunks(opened.manager, 2, None, seed=50)
-        cases.wait_stored(opened.backend, third["keys"])
-        assert any("answers again" in m for m in plugin_log.at(logging.INFO))
-        assert len(plugin_log.at(logging.WARNING)) == 1
-    finally:
-        logger.setLevel(level)
-        opened.close()
-
-
-def kvpool_threads() -> list[str]:
-    return [t.name for t in threading.enumerate() if t.name.startswith("kvpool-")]
-
-
-def connected_clients(server: Any) -> int:
-    """Clients connected to ``server``, not counting the one asking."""
-    client = redis_client(server)
-    try:
-        return int(client.info("clients")["connected_clients"]) - 1
-    finally:
-        client.close()
-
-
-def test_close_with_32_puts_in_flight_is_bounded_and_leaves_nothing(
-    own_redis_server, tmp_path, lmc, plugin_log, deadline
-):
-    threads_before = kvpool_threads()
-    opened = Opened(own_redis_server.url + "/0", tmp_path)
-    closed = False
-    try:
-        objs = [opened.chunk(seed=60 + i)[0] for i in range(32)]
-        keys = cases.make_keys(32)
-        assert own_redis_server.command("CLIENT", "PAUSE", "20000", "WRITE") == b"+OK"
-        for key, obj in zip(keys, objs, strict=True):
-            opened.backend.submit_put_task(key, obj)  # 32 puts, each on its own connection
-            obj.ref_count_down()
-        deadline(lambda: connected_clients(own_redis_server) >= 32, "32 puts to reach the server")
-        started = time.monotonic()
-        opened.backend.close()  # LMCache's RemoteBackend.close: the connector's close on its loop
-        elapsed = time.monotonic() - started
-        closed = True
-        assert elapsed <= 2.0, f"close took {elapsed:.2f} s with 32 puts in flight"
-        warnings = plugin_log.at(logging.WARNING)
-        assert len(warnings) == 1 and "32 puts still in flight" in warnings[0], warnings
-        assert "PoolClosedError" in warnings[0]
-        assert opened.connector.unfinished_puts == 32
-        assert own_redis_server.command("CLIENT", "UNPAUSE") == b"+OK"
-        deadline(lambda: connected_clients(own_redis_server) == 0, "the connections to close")
-        deadline(lambda: kvpool_threads() == threads_before, "the store's threads to end")
-    finally:
-        own_redis_server.command("CLIENT", "UNPAUSE")
-        if not closed:
-            opened.backend.close()
-        opened.manager.close()
-
-
 def test_counters_reach_prometheus_and_lmcaches_stats(redis_server, tmp_path, lmc):
     import prometheus_client
 
-    opened = Opened(redis_server.url + "/0", tmp_path)
+    opened = cases.Opened(redis_server.url + "/0", tmp_path)
     try:
         ev = cases.round_trip(opened.manager, n=4, partial=None)
         scrape = prometheus_client.generate_latest(prometheus_client.REGISTRY).decode()
