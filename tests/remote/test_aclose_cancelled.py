@@ -66,25 +66,36 @@ async def _cancel_aclose(store: Any) -> None:
         await closing
 
 
-def test_file_store_closes_when_aclose_is_cancelled(tmp_path: Path) -> None:
-    async def main() -> None:
-        store = AsyncFileStore(tmp_path, threads=2)
-        gate = Gate(store.store.exists)
-        store.store.exists = gate  # the store's own thread runs the held call
-        call = asyncio.create_task(store.exists("k"))
-        await _until(gate.entered.is_set, "the call to enter its thread")
-        await _cancel_aclose(store)
-        assert store.closed
-        with pytest.raises(PoolClosedError):
-            await store.head("k")
-        assert not store.store.closed  # the held call still uses it
-        gate.opened.set()
-        assert await call is False  # the call finished, with its answer
-        await _until(lambda: store.store.closed, "the blocking store's close")
-        await _until(lambda: not _threads("kvpool-AsyncFileStore"), "the threads' end")
-        await store.aclose()  # a later close is a no-op, not an error
+async def _held_call_then_cancelled_close(store: Any, threads: str) -> None:
+    """Hold an ``exists`` in the store's thread, cancel ``aclose()``; the close completes.
 
-    run(main())
+    The store refuses calls at once; the held call still gets its answer
+    from the blocking store, which is closed, and the threads (named
+    ``threads``...) end, once that call is let go; a later ``aclose()`` is a
+    no-op.
+    """
+    gate = Gate(store.store.exists)
+    store.store.exists = gate  # the store's own thread runs the held call
+    call = asyncio.create_task(store.exists("k"))
+    await _until(gate.entered.is_set, "the call to enter its thread")
+    await _cancel_aclose(store)
+    assert store.closed
+    with pytest.raises(PoolClosedError):
+        await store.head("k")
+    assert not store.store.closed  # the held call still uses it
+    gate.opened.set()
+    assert await call is False  # the call finished, with its answer
+    await _until(lambda: store.store.closed, "the blocking store's close")
+    await _until(lambda: not _threads(threads), "the threads' end")
+    await store.aclose()  # a later close is a no-op, not an error
+
+
+def test_file_store_closes_when_aclose_is_cancelled(tmp_path: Path) -> None:
+    run(
+        _held_call_then_cancelled_close(
+            AsyncFileStore(tmp_path, threads=2), "kvpool-AsyncFileStore"
+        )
+    )
 
 
 @pytest.mark.mooncake
@@ -93,18 +104,7 @@ def test_mooncake_store_closes_when_aclose_is_cancelled(mooncake_client: Any) ->
 
     async def main() -> None:
         store = AsyncMooncakeStore(client=mooncake_client, prefix=f"ac-{uuid.uuid4().hex[:12]}:")
-        gate = Gate(store.store.exists)
-        store.store.exists = gate
-        call = asyncio.create_task(store.exists("k"))
-        await _until(gate.entered.is_set, "the call to enter its thread")
-        await _cancel_aclose(store)
-        assert store.closed
-        with pytest.raises(PoolClosedError):
-            await store.head("k")
-        gate.opened.set()
-        assert await call is False
-        await _until(lambda: store.store.closed, "the blocking store's close")
-        await _until(lambda: not _threads("kvpool-AsyncMooncakeStore"), "the threads' end")
+        await _held_call_then_cancelled_close(store, "kvpool-AsyncMooncakeStore")
 
     run(main())
 

@@ -129,7 +129,7 @@ def read_settings(
     theirs = tuple(
         f"remote_storage_plugin.{other}."
         for other in instances
-        if isinstance(other, str) and other.startswith(prefix[len("remote_storage_plugin.") :])
+        if isinstance(other, str) and other.startswith(f"{instance}.")
     )
     mine = {
         key[len(prefix) :]: value

@@ -136,19 +136,17 @@ def unsend(original: Any, sent: MemoryObj) -> None:
         sent.ref_count_down()
 
 
-#: The token axis of each layout LMCache stores chunks in (``[kv, layers, tokens, hidden]``;
-#: per layer ``[tokens, kv, hidden]``, ``[kv, tokens, hidden]``, MLA ``[tokens, hidden]``).
-_TOKEN_AXIS = {
-    MemoryFormat.KV_2LTD: 2,
-    MemoryFormat.KV_T2D: 0,
-    MemoryFormat.KV_2TD: 1,
-}
-
-
 def _token_axis(fmt: MemoryFormat, ndim: int) -> int:
-    if fmt is MemoryFormat.KV_MLA_FMT:
-        return 2 if ndim == 4 else 0  # a whole MLA chunk, or one layer of it
-    return _TOKEN_AXIS.get(fmt, 2 if ndim == 4 else 0)
+    """Where the tokens are in a stored chunk's shape.
+
+    A whole chunk (``KV_2LTD``, MLA ``[1, layers, tokens, hidden]``) has them at 2;
+    one layer at 0 (``KV_T2D`` ``[tokens, kv, hidden]``, MLA ``[tokens, hidden]``),
+    except ``KV_2TD`` ``[kv, tokens, hidden]``.  Not ``MemoryFormat.token_dim()``,
+    which keeps LMCache's own values (1 for ``KV_T2D``, 0 for ``KV_2TD``).
+    """
+    if fmt is MemoryFormat.KV_2TD:
+        return 1
+    return 2 if ndim == 4 else 0
 
 
 def layer_layout(
