@@ -26,6 +26,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
 import importlib.util
@@ -38,7 +39,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,6 +65,17 @@ def fill(obj: kvpool.MemoryObj, seed: int) -> bytes:
     view = obj.byte_array
     view[:] = data.numpy().tobytes()
     return bytes(view)
+
+
+async def until(
+    check: Callable[[], bool], what: str = "the condition", seconds: float = 10.0
+) -> None:
+    """Poll ``check`` on the running loop until it holds; fail after ``seconds`` (liveness)."""
+    deadline = time.monotonic() + seconds
+    while not check():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} did not happen within {seconds} s")
+        await asyncio.sleep(0.002)
 
 
 def assert_clean(pool: kvpool.MemoryAllocatorInterface) -> None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -27,19 +26,12 @@ import pytest
 from kvpool.errors import PoolClosedError
 from kvpool.remote import AsyncFileStore, AsyncRedisStore
 
+from .conftest import until
 from .test_async_stores import run
 
 
 def _threads(prefix: str) -> list[str]:
     return [t.name for t in threading.enumerate() if t.name.startswith(prefix)]
-
-
-async def _until(check: Callable[[], bool], what: str, seconds: float = 10.0) -> None:
-    """Poll ``check`` (a liveness bound, not a timing)."""
-    deadline = time.monotonic() + seconds
-    while not check():
-        assert time.monotonic() < deadline, f"{what} did not happen within {seconds} s"
-        await asyncio.sleep(0.005)
 
 
 class Gate:
@@ -77,7 +69,7 @@ async def _held_call_then_cancelled_close(store: Any, threads: str) -> None:
     gate = Gate(store.store.exists)
     store.store.exists = gate  # the store's own thread runs the held call
     call = asyncio.create_task(store.exists("k"))
-    await _until(gate.entered.is_set, "the call to enter its thread")
+    await until(gate.entered.is_set, "the call to enter its thread")
     await _cancel_aclose(store)
     assert store.closed
     with pytest.raises(PoolClosedError):
@@ -85,8 +77,8 @@ async def _held_call_then_cancelled_close(store: Any, threads: str) -> None:
     assert not store.store.closed  # the held call still uses it
     gate.opened.set()
     assert await call is False  # the call finished, with its answer
-    await _until(lambda: store.store.closed, "the blocking store's close")
-    await _until(lambda: not _threads(threads), "the threads' end")
+    await until(lambda: store.store.closed, "the blocking store's close")
+    await until(lambda: not _threads(threads), "the threads' end")
     await store.aclose()  # a later close is a no-op, not an error
 
 

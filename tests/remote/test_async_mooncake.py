@@ -14,7 +14,6 @@ import asyncio
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -30,7 +29,7 @@ from kvpool.errors import (
 )
 from kvpool.remote import AsyncMooncakeStore
 
-from .conftest import KV_DTYPE, KV_FMT, KV_SHAPE, assert_clean, fill
+from .conftest import KV_DTYPE, KV_FMT, KV_SHAPE, assert_clean, fill, until
 from .test_async_stores import run
 
 pytestmark = pytest.mark.mooncake
@@ -72,13 +71,6 @@ def _gate(store: AsyncMooncakeStore, method: str) -> Gated:
     return gated
 
 
-async def _until(check: Callable[[], bool], seconds: float = 10.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not check():
-        assert time.monotonic() < deadline, "the condition did not hold in time"
-        await asyncio.sleep(0.002)
-
-
 def _threads() -> list[str]:
     return [t.name for t in threading.enumerate() if t.name.startswith(THREAD_PREFIX)]
 
@@ -101,13 +93,13 @@ def test_cancelled_get_frees_its_objects_in_its_thread(
         else:
             call = store.get("a", pool, KV_SHAPE, KV_DTYPE, KV_FMT)
         task = asyncio.create_task(call)
-        await _until(gated.entered.is_set)
+        await until(gated.entered.is_set)
         assert pool.stats().active_objects == (3 if batched else 1)  # allocated, being read
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
         gated.gate.set()  # the read finishes in its thread, which frees what nobody receives
-        await _until(lambda: pool.stats().active_objects == 0)
+        await until(lambda: pool.stats().active_objects == 0)
         await store.aclose()
 
     run(main())
@@ -132,7 +124,7 @@ def test_timeout_bounds_the_call_and_a_queued_call_never_runs(
                 await task
         assert time.monotonic() - start < 2.0
         gated.gate.set()
-        await _until(lambda: pool.stats().active_objects == 0)  # the first's object, freed
+        await until(lambda: pool.stats().active_objects == 0)  # the first's object, freed
         assert gated.calls == 1  # the queued call was dropped before it ran
         await store.aclose()
 
@@ -179,7 +171,7 @@ def test_aclose_never_closes_the_store_under_a_running_call(
         store = _store(mooncake_client, timeout=0.5)
         gated = _gate(store, "batch_put_from_multi_buffers")
         put = asyncio.create_task(store.put("a", src))
-        await _until(gated.entered.is_set)
+        await until(gated.entered.is_set)
         start = time.monotonic()
         await store.aclose()  # waits for the put at most the timeout, then returns
         assert time.monotonic() - start < 2.0
@@ -187,7 +179,7 @@ def test_aclose_never_closes_the_store_under_a_running_call(
             await put
         assert not store.store.closed  # the running put still has it
         gated.gate.set()
-        await _until(lambda: store.store.closed and not _threads())  # closed by the put's end
+        await until(lambda: store.store.closed and not _threads())  # closed by the put's end
         assert mooncake_client.get_size(store.store.object_key("a")) > 0  # it was written whole
         mooncake_client.remove(store.store.object_key("a"), True)
 
@@ -213,7 +205,7 @@ def test_loop_keeps_running_while_a_call_waits(
         fill(src, 3)
         gated = _gate(store, "batch_put_from_multi_buffers")
         put = asyncio.create_task(store.put("a", src))
-        await _until(gated.entered.is_set)
+        await until(gated.entered.is_set)
         ticks = 0
         for _ in range(20):  # the loop runs other work while the put is held
             await asyncio.sleep(0)

@@ -9,7 +9,6 @@ import asyncio
 import importlib.util
 import os
 import threading
-import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -29,7 +28,7 @@ from kvpool.remote import (
     open_async_store,
 )
 
-from .conftest import KV_DTYPE, KV_FMT, KV_SHAPE, RedisServer, assert_clean, fill
+from .conftest import KV_DTYPE, KV_FMT, KV_SHAPE, RedisServer, assert_clean, fill, until
 from .hostile_server import HostileServer, Trickle
 
 KV_BYTES = KV_SHAPE.numel() * KV_DTYPE.itemsize
@@ -176,15 +175,6 @@ async def _put_async(store: AsyncRedisStore, pool: kvpool.TensorMemoryAllocator,
     return data
 
 
-async def _until(check: Callable[[], bool], seconds: float = 10.0) -> None:
-    """Poll ``check`` on the loop until it holds, failing after ``seconds``."""
-    deadline = time.monotonic() + seconds
-    while not check():
-        if time.monotonic() > deadline:
-            pytest.fail("the condition did not hold in time")
-        await asyncio.sleep(0.001)
-
-
 @pytest.mark.parametrize("stage", ["waiting", "mid-value"])
 def test_cancelled_get_frees_its_destination_and_drops_the_connection(
     hostile: HostileServer, pool: kvpool.TensorMemoryAllocator, stage: str
@@ -205,9 +195,9 @@ def test_cancelled_get_frees_its_destination_and_drops_the_connection(
         tasks = [
             asyncio.create_task(store.get("a", pool, KV_SHAPE, KV_DTYPE, KV_FMT)) for _ in range(4)
         ]
-        await _until(lambda: len(trickles) == 4 and all(t.sent.is_set() for t in trickles))
+        await until(lambda: len(trickles) == 4 and all(t.sent.is_set() for t in trickles))
         if stage == "mid-value":
-            await _until(lambda: pool.stats().active_objects == 4)  # destinations allocated
+            await until(lambda: pool.stats().active_objects == 4)  # destinations allocated
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -262,7 +252,7 @@ def test_cancelled_file_get_frees_its_object_in_its_thread(
 
         store.store.get = gated_get  # type: ignore[method-assign]
         task = asyncio.create_task(store.get("a", pool, KV_SHAPE, KV_DTYPE, KV_FMT))
-        await _until(started.is_set)
+        await until(started.is_set)
         assert pool.stats().active_objects == 1  # allocated and filled in the thread
         task.cancel()
         with pytest.raises(asyncio.CancelledError):

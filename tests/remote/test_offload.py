@@ -15,13 +15,14 @@ from __future__ import annotations
 import asyncio
 import gc
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 
 from kvpool.remote.aiobase import offload
+
+from .conftest import until
 
 
 def _fails_later(started: threading.Event, go: threading.Event) -> None:
@@ -34,12 +35,6 @@ def _returns_later(started: threading.Event, go: threading.Event) -> str:
     started.set()
     go.wait(10)
     return "late"
-
-
-async def _until(condition: Any) -> None:
-    deadline = time.monotonic() + 5
-    while not condition() and time.monotonic() < deadline:
-        await asyncio.sleep(0.01)
 
 
 @pytest.mark.parametrize("job", [_fails_later, _returns_later])
@@ -58,7 +53,7 @@ def test_a_job_nobody_waits_for_any_more_reports_nothing(job: Any) -> None:
             go.set()  # the job ends now, after its caller gave up
         # The executor is shut down: the job ended.  The loop delivers its end
         # (and on_orphan's call), then drops its futures.
-        await _until(lambda: job is _fails_later or orphans)
+        await until(lambda: job is _fails_later or orphans)
         for _ in range(5):
             await asyncio.sleep(0.01)
         gc.collect()
