@@ -30,10 +30,11 @@ LAYER_RANK = {
     "kvpool.helpers": 3,
     "kvpool.remote": 4,
     "kvpool.metrics": 5,
-    "kvpool.integrations": 5,
-    "kvpool.cli": 6,
-    "kvpool.__main__": 7,
-    "kvpool": 8,
+    "kvpool.integrations.shared": 5,
+    "kvpool.integrations": 6,
+    "kvpool.cli": 7,
+    "kvpool.__main__": 8,
+    "kvpool": 9,
 }
 MAX_TOP_LEVEL_MODULES = 12
 MAX_LINES = 700

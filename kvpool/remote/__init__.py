@@ -90,6 +90,7 @@ __all__ = [
     "StoreTimeoutError",
     "open_async_store",
     "open_store",
+    "store_options",
 ]
 
 
@@ -231,6 +232,32 @@ def open_async_store(spec: str | os.PathLike[str], **options: Any) -> AsyncRemot
     if kind == "mooncake":
         return _open(AsyncMooncakeStore.from_url, "AsyncMooncakeStore", where, options, by)  # type: ignore[no-any-return]
     return _open(AsyncRedisStore, "AsyncRedisStore", where, options, by)  # type: ignore[no-any-return]
+
+
+def store_options(spec: str | os.PathLike[str], asyncio: bool = True) -> frozenset[str]:
+    """The option names the store of ``spec`` takes (what :func:`open_async_store` accepts).
+
+    For settings read from an engine's configuration, to tell a store
+    option from a misspelt one before anything is opened.
+
+    Args:
+        spec: a store spec, as :func:`open_store` takes.
+        asyncio: the options of the asyncio store (True) or the blocking one.
+
+    Returns:
+        The keyword names (empty when the store's signature cannot be read).
+
+    Raises:
+        InvalidArgumentError: as :func:`open_store` for a bad spec.
+    """
+    kind, _ = _parse(spec)
+    openers: dict[str, Callable[..., Any]] = {
+        "file": AsyncFileStore if asyncio else FileStore,
+        "redis": AsyncRedisStore if asyncio else RedisStore,
+        "redis-cluster": AsyncRedisClusterStore if asyncio else RedisClusterStore,
+        "mooncake": AsyncMooncakeStore.from_url if asyncio else MooncakeStore.from_url,
+    }
+    return keywords_of(openers[kind], skip=1) or frozenset()
 
 
 # Every public call refuses a misspelt keyword naming the closest known one

@@ -93,6 +93,7 @@ from kvpool.remote.header import Layout, encode_header, layout_for
 
 __all__ = [
     "allocate",
+    "allocator_for",
     "describe",
     "destination",
     "discard",
@@ -263,6 +264,17 @@ def _release_view(view: memoryview) -> None:
     # cannot be released; the free that follows then reports it.
     with contextlib.suppress(BufferError):
         view.release()
+
+
+def allocator_for(allocator: MemoryAllocatorInterface, key: bytes) -> MemoryAllocatorInterface:
+    """The allocator of one key's destination: ``allocator`` itself, or its range for ``key``.
+
+    An allocator with a ``for_key`` method (a
+    :class:`~kvpool.remote.placement.Placement`) chooses each key's memory
+    itself; every store asks here, per key, before it allocates.
+    """
+    for_key = getattr(allocator, "for_key", None)
+    return allocator if for_key is None else for_key(key)  # type: ignore[no-any-return]
 
 
 def allocate(

@@ -20,15 +20,15 @@ connector, naming the full ``extra_config`` key.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from lmcache.v1.exceptions import IrrecoverableException
 
-from kvpool.errors import ArgumentTypeError, InvalidArgumentError
-from kvpool.remote.redis.config import redact_url, scrub, url_secrets
+from kvpool.errors import InvalidArgumentError
+from kvpool.integrations.shared.settings import StoreSettings
+from kvpool.integrations.shared.settings import refusal as shared_refusal
+from kvpool.remote.redis.config import redact_url
 
 __all__ = ["LMCACHE_KEYS", "PLUGIN_TYPE", "PluginConfigError", "PluginSettings", "read_settings"]
 
@@ -37,8 +37,6 @@ PLUGIN_TYPE = "kvpool"
 
 #: Keys under the instance's prefix that LMCache itself reads.
 LMCACHE_KEYS = frozenset({"module_path", "class_name"})
-
-_QUOTED = re.compile(r"'([A-Za-z_][A-Za-z0-9_]*)'")
 
 
 class PluginConfigError(InvalidArgumentError, IrrecoverableException):
@@ -51,48 +49,10 @@ class PluginConfigError(InvalidArgumentError, IrrecoverableException):
     """
 
 
-@dataclass(frozen=True)
-class PluginSettings:
-    """One plugin instance's settings.
-
-    Attributes:
-        instance: the instance name, as in ``remote_storage_plugins``.
-        url: the store spec (may hold a password: show ``shown_url``).
-        options: the store's keyword arguments.
-        prefix: ``remote_storage_plugin.<instance>.``, for messages.
-    """
-
-    instance: str
-    url: str
-    options: dict[str, Any] = field(default_factory=dict)
-    prefix: str = ""
-
-    @property
-    def shown_url(self) -> str:
-        """The URL with its password and secret query values replaced by ``***``."""
-        return redact_url(self.url)
-
-    def describe(self) -> str:
-        """``url (option=value, ...)`` for the start-up line (no secrets).
-
-        A string option is shown as :func:`redact_url` shows a URL, since
-        some are URLs that may hold a password (Mooncake's ``metadata``).
-        """
-        shown = ", ".join(
-            f"{k}={redact_url(v) if isinstance(v, str) else v!r}"
-            for k, v in sorted(self.options.items())
-        )
-        return f"{self.shown_url}" + (f" ({shown})" if shown else "")
-
-    def secrets(self) -> tuple[str, ...]:
-        """The passwords and secret query values in the URL and the string options.
-
-        For :func:`~kvpool.remote.redis.config.scrub` to remove from texts
-        that may quote them (a store's error message).
-        """
-        texts = [self.url, *(v for v in self.options.values() if isinstance(v, str))]
-        found = {secret for text in texts for secret in url_secrets(text)}
-        return tuple(sorted(found, key=len, reverse=True))
+#: One plugin instance's settings: the shared
+#: :class:`~kvpool.integrations.shared.settings.StoreSettings` (``instance``,
+#: ``url``, ``options``, ``prefix``; ``shown_url``, ``describe()``, ``secrets()``).
+PluginSettings = StoreSettings
 
 
 def instance_of(url: str) -> str | None:
@@ -159,15 +119,8 @@ def refusal(settings: PluginSettings, exc: Exception) -> PluginConfigError:
     An unknown option (``ArgumentTypeError`` from the store's keyword
     check, which lists the accepted ones and the closest) is named by its
     full ``extra_config`` key; any other refusal is prefixed with the
-    instance and its URL (redacted).
+    instance and its URL (redacted).  See
+    :func:`kvpool.integrations.shared.settings.refusal`.
     """
-    head = f"kvpool plugin {settings.instance!r} ({settings.shown_url})"
-    text = scrub(str(exc), settings.secrets())  # a store may quote the value it refused
-    if isinstance(exc, ArgumentTypeError):
-        named = [n for n in _QUOTED.findall(text) if n in settings.options]
-        if named:
-            return PluginConfigError(
-                f"{head}: unknown option {settings.prefix}{named[0]} in extra_config: {text}; "
-                f"options go in extra_config as {settings.prefix}<option>"
-            )
-    return PluginConfigError(f"{head}: the store refused its settings: {text}")
+    label = f"kvpool plugin {settings.instance!r} ({settings.shown_url})"
+    return shared_refusal(settings, exc, label, PluginConfigError)  # type: ignore[return-value]

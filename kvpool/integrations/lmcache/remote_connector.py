@@ -59,18 +59,12 @@ from kvpool.integrations.lmcache.remote_memory import (
     unsend,
 )
 from kvpool.integrations.lmcache.remote_report import Reporter, plugin_logger
+from kvpool.integrations.shared.calls import CLOSE_GRACE, CLOSE_STORE_WAIT, InFlight
 from kvpool.remote.aiobase import AsyncRemoteStore
 from kvpool.remote.counters import StoreCounters
 from kvpool.remote.objects import discard
 
 __all__ = ["CLOSE_GRACE", "CLOSE_STORE_WAIT", "KVPoolConnector"]
-
-#: Seconds ``close()`` lets the calls in flight finish before cancelling them.
-CLOSE_GRACE = 1.0
-#: Most seconds ``close()`` waits for the store itself to close.
-CLOSE_STORE_WAIT = 0.5
-#: Most seconds ``close()`` waits for cancelled calls to unwind.
-_CANCEL_WAIT = 0.3
 
 _perf = time.perf_counter
 
@@ -132,6 +126,7 @@ class KVPoolConnector(RemoteConnector):
             plugin_logger(),
             f"kvpool plugin {settings.instance!r} ({settings.shown_url})",
             self.counters,
+            "LMCache gets misses from this backend",
         )
         self._allocator = BackendAllocator(local_cpu_backend)
         self._fmt = kvpool_format(self.meta_fmt)
@@ -153,39 +148,26 @@ class KVPoolConnector(RemoteConnector):
         )
         self._timeout = float(getattr(config, "blocking_timeout_secs", 10) or 10)
         self._pending: dict[str, asyncio.Future[bool]] = {}
-        self._calls: set[asyncio.Task[Any]] = set()
-        self._cancelled: set[asyncio.Task[Any]] = set()
-        self._closing = False
+        self._inflight = InFlight()
         self.unfinished_puts = 0
 
     @property
     def closed(self) -> bool:
         """True once :meth:`close` started."""
-        return self._closing
+        return self._inflight.closing
 
     # -- bookkeeping ----------------------------------------------------
 
     def _enter(self) -> asyncio.Task[Any] | None:
         """Track the calling task for close(); None once closing."""
-        if self._closing:
-            return None
-        task = asyncio.current_task()
-        if task is not None:
-            self._calls.add(task)
-        return task
+        return self._inflight.enter()
 
     def _leave(self, task: asyncio.Task[Any] | None) -> None:
-        if task is not None:
-            self._calls.discard(task)
+        self._inflight.leave(task)
 
     def _by_close(self, task: asyncio.Task[Any] | None) -> bool:
         """True when ``task`` was cancelled by close() (and so is allowed to finish quietly)."""
-        if task is None or task not in self._cancelled:
-            return False
-        uncancel = getattr(task, "uncancel", None)
-        if uncancel is not None:
-            uncancel()
-        return True
+        return self._inflight.by_close(task)
 
     async def _after_pending(self, names: Sequence[str]) -> set[str]:
         """Wait for the pending puts of ``names``; return the names whose put failed."""
@@ -505,37 +487,21 @@ class KVPoolConnector(RemoteConnector):
 
     async def close(self) -> None:
         """Finish or cancel the calls in flight, then close the store; bounded (see the module)."""
-        if self._closing:
+        if self._inflight.closing:
             return
-        self._closing = True
-        deadline = _perf() + CLOSE_GRACE
-        calls = {t for t in self._calls if not t.done()}
-        if calls:
-            _, late = await asyncio.wait(calls, timeout=CLOSE_GRACE)
-            if late:
-                self._cancelled.update(late)
-                for t in late:
-                    t.cancel()
-                await asyncio.wait(late, timeout=_CANCEL_WAIT)
-        try:
-            await asyncio.wait_for(self.store.aclose(), max(deadline - _perf(), CLOSE_STORE_WAIT))
-        except Exception as exc:
-            self.report.logger.warning(
-                "%s: the store did not close cleanly (%s: %s)",
-                self.report.label,
-                type(exc).__name__,
-                exc,
-            )
+        label = self.report.label
+        await self._inflight.close(
+            self.store, lambda text: self.report.logger.warning("%s: %s", label, text)
+        )
         if self.unfinished_puts:
             self.report.logger.warning(
                 "%s: closed with %d puts still in flight after %.1f s: cancelled "
                 "(PoolClosedError); the store may or may not hold them",
-                self.report.label,
+                label,
                 self.unfinished_puts,
                 CLOSE_GRACE,
             )
-        self._cancelled.clear()
-        self.report.logger.info("%s: closed", self.report.label)
+        self.report.logger.info("%s: closed", label)
 
     def _sync(self, fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any, default: Any) -> Any:
         """Run ``fn(*args)`` on the loop from another thread and wait for it (bounded).
@@ -544,7 +510,7 @@ class KVPoolConnector(RemoteConnector):
             InvalidArgumentError: called on the loop's own thread (it would
                 wait for itself forever): await the coroutine instead.
         """
-        if self._closing:
+        if self._inflight.closing:
             return default
         try:
             running = asyncio.get_running_loop()

@@ -30,8 +30,7 @@ from lmcache.v1.memory_management import MemoryFormat as LMCacheFormat
 from kvpool.errors import InvalidArgumentError, KVPoolError
 from kvpool.formats import MemoryFormat
 from kvpool.integrations.lmcache.remote_report import plugin_logger
-from kvpool.pool.handle import TensorMemoryObj
-from kvpool.pool.metadata import MemoryObjMetadata
+from kvpool.pool.borrowed import borrow
 from kvpool.pool.objects import MemoryObj
 
 __all__ = [
@@ -93,9 +92,9 @@ class BackendAllocator:
 def sendable(obj: Any) -> MemoryObj:
     """``obj`` as a kvpool object a store can put: itself, or a kvpool view of its bytes.
 
-    The view is a hand-built :class:`~kvpool.TensorMemoryObj` over the same
-    memory (no copy) with the object's shapes, dtypes and format; it owns
-    nothing (no allocator is called when it ends).  End it with
+    The view is a borrowed object (:func:`kvpool.pool.borrowed.borrow`)
+    over the same memory (no copy) with the object's shapes, dtypes and
+    format; it owns nothing (no allocator is called when it ends).  End it with
     :func:`unsend` once the put returned; the caller keeps its reference on
     ``obj`` for that long, so the memory stays allocated.
 
@@ -111,23 +110,13 @@ def sendable(obj: Any) -> MemoryObj:
             f"cannot store {type(obj).__name__}: the kvpool plugin stores host tensor objects "
             "(use remote_serde: naive)"
         )
-    shapes, dtypes = list(obj.get_shapes()), list(obj.get_dtypes())
-    meta = obj.meta
-    nbytes = obj.get_size()
-    flat = raw.reshape(-1)
-    if flat.dtype != torch.uint8:
-        flat = flat.view(torch.uint8)
-    record = MemoryObjMetadata(
-        shape=meta.shape,
-        dtype=meta.dtype,
-        address=0,
-        phy_size=nbytes,
-        ref_count=1,
-        fmt=kvpool_format(meta.fmt),
-        shapes=shapes,
-        dtypes=dtypes,
+    return borrow(
+        raw,
+        list(obj.get_shapes()),
+        list(obj.get_dtypes()),
+        kvpool_format(obj.meta.fmt),
+        nbytes=obj.get_size(),
     )
-    return TensorMemoryObj(flat[:nbytes], record, None)
 
 
 def unsend(original: Any, sent: MemoryObj) -> None:

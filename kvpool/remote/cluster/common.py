@@ -38,7 +38,7 @@ from kvpool.pool.objects import MemoryObj
 from kvpool.remote.cluster.route import ASKING, Redirect, read_routed
 from kvpool.remote.cluster.slots import Address, SlotMap, key_slot
 from kvpool.remote.header import EntryInfo, Layout, key_tag
-from kvpool.remote.objects import discard
+from kvpool.remote.objects import allocator_for, discard
 from kvpool.remote.redis.common import SMALL_WINDOW, Plan, RedisCommon
 from kvpool.remote.redis.connection import pipelined
 from kvpool.remote.redis.resp import ErrorReply, ProtocolError, Reader, Steps, command
@@ -284,7 +284,9 @@ class ClusterCommon(RedisCommon):
 
         def parse(reader: Any, i: int) -> Any:
             where = f"{action} {kbs[i]!r} on {server}"
-            return wire.read_entry(reader, where, key_tag(rkeys[i]), allocator, layout, fmt)
+            return wire.read_entry(
+                reader, where, key_tag(rkeys[i]), allocator_for(allocator, kbs[i]), layout, fmt
+            )
 
         # Without a layout the entries' size is unknown: one in flight per master.
         window = self._window_for(layout.nbytes) if layout is not None else 1

@@ -103,7 +103,14 @@ from kvpool.remote.header import (
     layout_for,
     peek_header_size,
 )
-from kvpool.remote.objects import destination, discard, encode_entry, hold, release
+from kvpool.remote.objects import (
+    allocator_for,
+    destination,
+    discard,
+    encode_entry,
+    hold,
+    release,
+)
 
 __all__ = ["FileStore"]
 
@@ -392,7 +399,9 @@ class FileStore(RemoteStore):
             is wrong (or accepts a narrowed entry).
         """
         try:
-            obj, view = destination(allocator, layout, fmt, lambda: self._where("get", kb))
+            obj, view = destination(
+                allocator_for(allocator, kb), layout, fmt, lambda: self._where("get", kb)
+            )
         except KVPoolError:
             return _CAREFUL  # e.g. a full pool: a missing key must still give None
         return self._read_direct(kb, obj, view, layout, fmt)
@@ -458,7 +467,10 @@ class FileStore(RemoteStore):
                 try:
                     ready.append(
                         destination(
-                            allocator, layout, req_fmt, lambda kb=kb: self._where("get", kb)
+                            allocator_for(allocator, kb),
+                            layout,
+                            req_fmt,
+                            lambda kb=kb: self._where("get", kb),
                         )
                     )
                 except KVPoolError:
@@ -493,7 +505,9 @@ class FileStore(RemoteStore):
         obj = view = None
         try:
             if layout is not None and fmt is not None:
-                obj, view = destination(allocator, layout, fmt, lambda: self._where("get", kb))
+                obj, view = destination(
+                    allocator_for(allocator, kb), layout, fmt, lambda: self._where("get", kb)
+                )
                 header = bytearray(layout.header_size)
                 n = os.preadv(fd, (header, view, bytearray(1)), 0)
                 if n == layout.header_size + layout.nbytes and is_full_entry(
@@ -508,7 +522,9 @@ class FileStore(RemoteStore):
             check_stored(info, layout, fmt, self._where("get", kb))
             if layout is None:
                 layout = layout_for(info.shapes, info.dtypes)
-            obj, view = destination(allocator, layout, fmt or info.fmt, self._where("get", kb))
+            obj, view = destination(
+                allocator_for(allocator, kb), layout, fmt or info.fmt, self._where("get", kb)
+            )
             n = os.preadv(fd, (view[: info.size], bytearray(1)), info.header_size)
             if n != info.size:
                 raise CorruptEntryError(

@@ -36,6 +36,7 @@ magic the other), but only after reading them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import kvpool.remote.mooncake.codes as codes
@@ -78,7 +79,7 @@ def raw_get(
     client: Any,
     regions: PoolRegions,
     names: list[tuple[str, str]],
-    allocator: MemoryAllocatorInterface,
+    allocators: Sequence[MemoryAllocatorInterface],
     layout: Layout | None,
     fmt: MemoryFormat | None,
     out: list[MemoryObj | None],
@@ -90,7 +91,8 @@ def raw_get(
         client: the Mooncake client.
         regions: the store's registered pool memory.
         names: per key, its Mooncake key and how messages name the call on it.
-        allocator: where the objects come from.
+        allocators: per key, where its object comes from (see
+            :func:`~kvpool.remote.objects.allocator_for`).
         layout: the entries' layout (required).
         fmt: their format (required).
         out: one slot per key, filled in place; the caller frees it on error.
@@ -113,7 +115,7 @@ def raw_get(
     full: list[int] = []
     for i, (_mkey, where) in enumerate(names):
         try:
-            obj, view = destination(allocator, layout, fmt, where)
+            obj, view = destination(allocators[i], layout, fmt, where)
         except OutOfMemoryError:
             full.append(i)  # an error only if the entry exists (a miss is no error)
             continue
@@ -125,7 +127,7 @@ def raw_get(
         for i, rc in zip(full, found, strict=True):
             if rc != 0:
                 raise OutOfMemoryError(
-                    f"{names[i][1]}: the allocator {allocator!r} has no room for an object of "
+                    f"{names[i][1]}: the allocator {allocators[i]!r} has no room for an object of "
                     f"{nbytes} bytes; free objects or use a larger pool"
                 )
     temporary = []

@@ -103,7 +103,7 @@ from kvpool.remote.mooncake.memory import HeaderSlabs, PoolRegions, Slab, addres
 from kvpool.remote.mooncake.ops import FIRST_READ, Entry, read_header, rounds, write_entries
 from kvpool.remote.mooncake.raw import raw_entry, raw_get
 from kvpool.remote.mooncake.segments import MountedSegment, Segments
-from kvpool.remote.objects import destination, discard, encode_entry, hold, release
+from kvpool.remote.objects import allocator_for, destination, discard, encode_entry, hold, release
 
 __all__ = ["MAX_REPLICAS", "MooncakeStore"]
 
@@ -431,8 +431,9 @@ class MooncakeStore(RemoteStore):
         try:
             if self.headerless:
                 names = [(self._mkey(kb), self._where("get", kb)) for kb in kbs]
+                allocators = [allocator_for(allocator, kb) for kb in kbs]
                 raw_get(
-                    self.client, self._regions, names, allocator, layout, fmt, out, self.timeout
+                    self.client, self._regions, names, allocators, layout, fmt, out, self.timeout
                 )
                 return out
             if layout is not None and fmt is not None:
@@ -464,7 +465,7 @@ class MooncakeStore(RemoteStore):
         for i, kb in enumerate(kbs):
             try:
                 out[i], view_of[i] = destination(
-                    allocator, layout, fmt, lambda kb=kb: self._where("get", kb)
+                    allocator_for(allocator, kb), layout, fmt, lambda kb=kb: self._where("get", kb)
                 )
             except OutOfMemoryError:  # full: the one-by-one path tells a miss from no room
                 later.append(i)
@@ -560,7 +561,8 @@ class MooncakeStore(RemoteStore):
                     self._slabs.give(slab)
                     slab = self._slabs.take(hs)
                 stored = layout or layout_for(info.shapes, info.dtypes)
-                obj, full = destination(allocator, stored, fmt or info.fmt, where)
+                placed = allocator_for(allocator, kb)
+                obj, full = destination(placed, stored, fmt or info.fmt, where)
                 view = None
                 rc = codes.TRANSFER_FAIL
                 try:

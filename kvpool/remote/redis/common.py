@@ -32,7 +32,7 @@ from kvpool.pool.interface import MemoryAllocatorInterface
 from kvpool.pool.objects import MemoryObj
 from kvpool.remote.base import Key, key_bytes
 from kvpool.remote.header import Layout, key_tag
-from kvpool.remote.objects import discard, encode_entry
+from kvpool.remote.objects import allocator_for, discard, encode_entry
 from kvpool.remote.redis.config import Target, import_redis, resolve_target, scrub
 from kvpool.remote.redis.connection import pipelined
 from kvpool.remote.redis.opener import HandshakeRefused, connector
@@ -278,10 +278,11 @@ class RedisCommon:
         cmd = (wire.get_command(rkey), wire.sentinel_command(nonce))
         tag = key_tag(rkey)
         where = self._where("get", kb)
+        keyed = allocator_for(allocator, kb)
 
         def plan(reader: Reader) -> Steps:
             yield Send(cmd)
-            obj = yield from wire.read_entry(reader, where, tag, allocator, layout, fmt)
+            obj = yield from wire.read_entry(reader, where, tag, keyed, layout, fmt)
             try:
                 yield from wire.read_sentinel(reader, nonce, where)
             except BaseException:
@@ -316,7 +317,9 @@ class RedisCommon:
         def plan(reader: Reader) -> Steps:
             def steps(i: int) -> Steps:
                 where = f"batched_get {kbs[i]!r} on {server}"
-                return wire.read_entry(reader, where, key_tag(rkeys[i]), allocator, layout, fmt)
+                return wire.read_entry(
+                    reader, where, key_tag(rkeys[i]), allocator_for(allocator, kbs[i]), layout, fmt
+                )
 
             done = 0
             if layout is not None:
