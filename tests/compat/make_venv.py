@@ -13,6 +13,12 @@ any change makes a new one.  A half-built environment (killed mid-install)
 is detected by its missing completion stamp and rebuilt; a file lock keeps
 two concurrent runs from building the same one.
 
+Each requirements file makes its own environment, named after it
+(``requirements-lmc056.txt``: ``lmc056-<hash>``; ``requirements-sgl0523.txt``,
+SGLang's, ``sgl0523-<hash>``).  Files in a ``site-<name>/`` folder next to
+the requirements file (a ``.pth`` and the module it loads) are copied into
+the environment's site-packages, and are part of the hash.
+
 Options: ``--cache DIR``, ``--requirements FILE``, ``--rebuild``.
 Exit status 0 on success; on failure the pip output is shown and the
 status is non-zero.
@@ -38,11 +44,12 @@ STAMP = ".kvpool-compat-complete"
 CHECK = r"""
 import importlib.metadata as md, pathlib, sys, sysconfig
 import torch
+first = sys.argv[1]
 own = pathlib.Path(sysconfig.get_paths()["purelib"]).resolve()
 where = pathlib.Path(torch.__file__).resolve()
 if own in where.parents:
     sys.exit(f"torch was installed into the compat environment ({where}), not taken from the base")
-print("lmcache", md.version("lmcache"), "over torch", torch.__version__, "from", where.parent)
+print(first, md.version(first), "over torch", torch.__version__, "from", where.parent)
 """
 
 
@@ -57,12 +64,25 @@ def cache_root(arg: str | None) -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "kvpool"
 
 
+def env_name(requirements: Path) -> str:
+    """The environment's name: the requirements file's, less ``requirements-``."""
+    return requirements.stem.removeprefix("requirements-")
+
+
+def site_files(requirements: Path) -> list[Path]:
+    """The files copied into the environment's site-packages (``site-<name>/``)."""
+    folder = requirements.parent / f"site-{env_name(requirements)}"
+    return sorted(p for p in folder.glob("*") if p.is_file()) if folder.is_dir() else []
+
+
 def environment_key(requirements: Path) -> str:
     """A hash of everything the environment depends on."""
     import torch
 
     digest = hashlib.sha256()
     digest.update(requirements.read_bytes())
+    for extra in site_files(requirements):
+        digest.update(extra.name.encode() + extra.read_bytes())
     digest.update(os.path.realpath(sys.executable).encode())
     digest.update(sys.version.encode())
     digest.update(torch.__version__.encode())
@@ -96,7 +116,17 @@ def build(venv: Path, requirements: Path) -> None:
             str(requirements),
         ]
     )
-    run([python, "-c", CHECK])
+    purelib = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    for extra in site_files(requirements):
+        shutil.copy(extra, Path(purelib) / extra.name)
+    first = requirements.read_text().split("\n")
+    name = next(s.split("==")[0] for s in first if s.strip() and not s.startswith("#"))
+    run([python, "-c", CHECK, name])
     (venv / STAMP).write_text("ok\n")
 
 
@@ -110,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     requirements = Path(args.requirements).resolve()
     root = cache_root(args.cache)
     root.mkdir(parents=True, exist_ok=True)
-    venv = root / f"lmc056-{environment_key(requirements)}"
+    venv = root / f"{env_name(requirements)}-{environment_key(requirements)}"
     with open(root / f"{venv.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if args.rebuild or not (venv / STAMP).is_file():
