@@ -6,7 +6,9 @@
 #   make test       install what a fresh machine lacks, build, make check, pytest, docs-check,
 #                   make compat
 #   make compat     LMCache 0.5.6's own code on kvpool memory (tests/compat), in a
-#                   cached environment with lmcache over this interpreter's CPU torch
+#                   cached environment with lmcache over this interpreter's CPU torch;
+#                   then SGLang 0.5.23's HiCache on kvpool's stores (tests/compat_sglang),
+#                   in a second cached environment
 #   make demo       run the main job: the capability report, then a verified put/get round trip
 #                   (installs kvpool and what it needs, no test extras, into $(PYTHON)'s
 #                   environment, which it names first; PYTHON=.venv/bin/python for a venv)
@@ -89,6 +91,10 @@ compat: lib
 	@compat_python=$$($(PYTHON) tests/compat/make_venv.py) && \
 	echo "compat: $$compat_python" && \
 	KVPOOL_REQUIRE_LMCACHE=1 $$compat_python -m pytest tests/compat
+	@sglang_python=$$($(PYTHON) tests/compat/make_venv.py \
+		--requirements tests/compat/requirements-sgl0523.txt) && \
+	echo "compat: $$sglang_python" && \
+	KVPOOL_REQUIRE_SGLANG=1 $$sglang_python -m pytest tests/compat_sglang
 
 # Only what the demo needs: torch (the CPU build, pinned as for deps) and
 # kvpool with its dependencies.

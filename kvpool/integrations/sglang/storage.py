@@ -31,7 +31,14 @@ from typing import Any
 import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
 
-from kvpool.errors import FeatureUnavailableError, KVPoolError, PoolClosedError
+from kvpool.errors import (
+    CorruptEntryError,
+    FeatureUnavailableError,
+    InvalidArgumentError,
+    KVPoolError,
+    OutOfMemoryError,
+    PoolClosedError,
+)
 from kvpool.formats import MemoryFormat
 from kvpool.integrations.sglang.config import HiCacheConfigError, read_config
 from kvpool.integrations.sglang.pages import PageMap, Segment
@@ -282,7 +289,10 @@ class KVPoolHiCacheStorage(HiCacheStorage):
                 return [False] * len(keys)
             except Exception as exc:
                 self.report.failed("batch_set_v1", started, exc)
-                stored = await self._found(names)  # what did make it
+                try:
+                    stored = await self._found(names)  # what did make it
+                except Exception:
+                    return [False] * len(keys)
                 return self._whole(stored, len(keys))
             self.counters.observe(
                 "batch_set_v1", _perf() - started, entries=len(names), nbytes=_bytes(objs)
@@ -319,6 +329,7 @@ class KVPoolHiCacheStorage(HiCacheStorage):
             groups.setdefault((nbytes, tuple(shapes), tuple(dtypes)), []).append(i)
         found = [False] * len(names)
         total = 0
+        healthy = True
         for (_, shapes, dtypes), idx in groups.items():
             place = Placement()
             for i in idx:
@@ -329,9 +340,15 @@ class KVPoolHiCacheStorage(HiCacheStorage):
                 objs = await self.store.batched_get(wanted, place, list(shapes), list(dtypes), _FMT)
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:
-                self.report.failed("batch_get_v1", started, exc)
+            except (CorruptEntryError, InvalidArgumentError, OutOfMemoryError) as exc:
+                # One entry fails the whole batch: read them one by one, so the
+                # good ones still load and the bad one is named.
+                self.counters.observe("batch_get_v1", _perf() - started, error=exc)
                 objs = await self._read_one_by_one(wanted, place, list(shapes), list(dtypes))
+            except Exception as exc:  # the store is unreachable or failing: all misses
+                self.report.failed("batch_get_v1", started, exc)
+                healthy = False
+                continue
             for i, obj in zip(idx, objs, strict=True):
                 if obj is not None:
                     found[i] = True
@@ -344,7 +361,8 @@ class KVPoolHiCacheStorage(HiCacheStorage):
             nbytes=total,
             misses=found.count(False),
         )
-        self.report.ok()
+        if healthy:
+            self.report.ok()
         return found
 
     async def _read_one_by_one(
@@ -357,9 +375,11 @@ class KVPoolHiCacheStorage(HiCacheStorage):
                 out[i] = await self.store.get(name, place, shapes, dtypes, _FMT)
             except asyncio.CancelledError:
                 raise
+            except (CorruptEntryError, InvalidArgumentError) as exc:
+                self.report.bad_entry(name, exc)
+                break
             except Exception as exc:
-                if isinstance(exc, KVPoolError) and not isinstance(exc, PoolClosedError):
-                    self.report.bad_entry(name, exc)
+                self.report.failed("get", _perf(), exc)
                 break
             if out[i] is None:
                 break
