@@ -25,7 +25,11 @@ DIRECTIVE = re.compile(r"^:::\s+([\w.]+)\s*$", re.MULTILINE)
 
 IMPORTED = ["kvpool", "kvpool.remote", "kvpool.integrations.lmcache"]
 # Modules that import LMCache: their __all__ is read from the source.
-STATIC = ["kvpool.integrations.lmcache.remote"]
+STATIC = [
+    "kvpool.integrations.lmcache.remote",
+    "kvpool.integrations.sglang.storage",
+    "kvpool.integrations.sglang.config",
+]
 
 
 def directives() -> list[str]:
