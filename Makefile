@@ -51,8 +51,10 @@ $(BUILD)/libfakecudart.so: libpinmem/tests/fake_cudart.c
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS_TEST) -fPIC -shared -o $@ $<
 
-$(BUILD)/test_pinmem: libpinmem/tests/test_pinmem.c $(HEADERS) $(TESTING)/libpinmem.so
-	$(CC) $(CFLAGS_TEST) -DPINMEM_TESTING -o $@ $< -L$(TESTING) -lpinmem \
+$(BUILD)/test_pinmem: libpinmem/tests/test_pinmem.c libpinmem/tests/test_register.c \
+		libpinmem/tests/test_common.h $(HEADERS) $(TESTING)/libpinmem.so
+	$(CC) $(CFLAGS_TEST) -DPINMEM_TESTING -o $@ libpinmem/tests/test_pinmem.c \
+		libpinmem/tests/test_register.c -L$(TESTING) -lpinmem \
 		-Wl,-rpath,$(abspath $(TESTING)) -ldl
 
 $(TESTING)/libpinmem.so: lib

@@ -251,13 +251,13 @@ static int pm_alloc_cuda_host(const pinmem_alloc_params *p, const pm_cuda_api *c
     int rc = cuda->host_alloc(&ptr, p->size, PM_CUDA_PORTABLE);
     if (rc != 0 || ptr == NULL) {
         char msg[256];
-        snprintf(msg, sizeof msg, "%s", pm_cuda_errstr(cuda, rc));
+        pm_cuda_describe(cuda, rc, msg, sizeof msg);
         pm_cuda_clear_error(cuda);
         pm_entry_destroy(e);
         char b[64];
         return pm_fail(rc == PM_CUDA_ERROR_MEMORY_ALLOCATION ? PINMEM_ENOMEM : PINMEM_ECUDA, 0,
-                       "cudaHostAlloc of %s failed: %s (%d)", pm_fmt_bytes(b, sizeof b, p->size),
-                       msg, rc);
+                       "cudaHostAlloc of %s failed: %s", pm_fmt_bytes(b, sizeof b, p->size),
+                       msg);
     }
     size_t page = pm_page_size();
     pinmem_region *r = &e->region;
@@ -274,7 +274,7 @@ static int pm_alloc_cuda_host(const pinmem_alloc_params *p, const pm_cuda_api *c
     e->pid = getpid();
     e->dontfork = 1; /* the driver's own mapping; never ours to touch in a child */
     e->cuda = cuda;
-    pm_range range = {0, r->mapped_size, PINMEM_PINNED_CUDA_ALLOC, 0, 0, 0};
+    pm_range range = {0, r->mapped_size, PINMEM_PINNED_CUDA_ALLOC, 0, 0, NULL};
     pm_range_add(e, &range);
     pm_entry_totals(e);
     pm_registry_add(e);
@@ -302,6 +302,7 @@ PINMEM_API int pinmem_alloc(const pinmem_alloc_params *p, pinmem_region *out)
     e->region.numa_node = p->numa_node;
     e->region.page_size = pm_page_size();
     e->pid = getpid();
+    e->register_chunk = p->register_chunk;
     rc = pm_step_map(&plan, e);
     if (rc == PINMEM_OK)
         rc = pm_step_bind(&plan, e);

@@ -28,6 +28,7 @@ typedef struct pm_commit {
     size_t page;
     int hugetlb;
     int status;              /* of the unlocked work */
+    pm_reg_req reg;          /* how the mapping registers */
     pm_fill fill;
 } pm_commit;
 
@@ -65,6 +66,11 @@ static int pm_commit_begin(pm_entry *e, void *arg)
                        "%p, whose mapped size is %s",
                        c->len, c->offset, r->addr, pm_fmt_bytes(b, sizeof b, r->mapped_size));
     }
+    if (r->kind == PINMEM_KIND_EXTERNAL)
+        return pm_fail(PINMEM_EINVAL, 0,
+                       "%p is a registration of memory libpinmem did not map (pinmem_register); "
+                       "it has no range to commit",
+                       r->addr);
     const pm_range *g = pm_range_overlap(e, c->offset, c->len);
     if (g != NULL && g->pending)
         return pm_fail(PINMEM_EBUSY, 0,
@@ -91,7 +97,7 @@ static int pm_commit_begin(pm_entry *e, void *arg)
         aim = PINMEM_PINNED_CUDA_REGISTER;
     else if (c->plan != PM_PLAN_NONE)
         aim = PINMEM_PINNED_MLOCK;
-    pm_range pending = {c->offset, c->len, aim, 1, 0, 0};
+    pm_range pending = {c->offset, c->len, aim, 1, 0, NULL};
     pm_range_add(e, &pending);
     /* Pinned pages must not be shared copy-on-write with a child: as at
      * allocation, the whole private mapping stops being inherited. */
@@ -102,6 +108,8 @@ static int pm_commit_begin(pm_entry *e, void *arg)
     if (aim == PINMEM_PINNED_CUDA_REGISTER)
         e->cuda = c->cuda;
     c->base = r->addr;
+    c->reg.chunk = e->register_chunk;
+    c->reg.flags = e->register_flags;
     c->page = page;
     c->hugetlb = r->kind == PINMEM_KIND_HUGETLB;
     return PINMEM_OK;
@@ -116,7 +124,7 @@ static void pm_commit_end(pm_entry *e, void *arg)
         g->pending = 0;
         g->pinned = c->fill.pinned;
         g->register_chunks = c->fill.register_chunks;
-        g->register_chunk = c->fill.register_chunk;
+        g->chunk_lens = c->fill.chunk_lens; /* the range owns them now */
         e->region.populate_method = c->fill.method;
         e->region.threads_used = c->fill.threads_used;
     } else if (g != NULL) {
@@ -192,7 +200,7 @@ PINMEM_API int pinmem_commit(void *addr, size_t offset, size_t len, int pin, int
     c.status = c.hugetlb ? PINMEM_OK : pm_check_room(c.len, c.plan != PM_PLAN_NONE);
     if (c.status == PINMEM_OK)
         c.status = pm_fill_range(c.base + c.offset, c.len, c.page, c.hugetlb, c.plan, c.cuda,
-                                 1, threads, PM_TOUCH_KEEP, &c.fill);
+                                 1, threads, PM_TOUCH_KEEP, &c.reg, &c.fill);
     int err = pinmem_last_errno();
     char detail[768] = "";
     if (c.status != PINMEM_OK)

@@ -66,6 +66,7 @@ static void pm_cuda_bind(void *handle, const char *how, pm_cuda_state *st)
     *(void **)&a->host_register = pm_sym(handle, "cudaHostRegister", 1, st);
     *(void **)&a->host_unregister = pm_sym(handle, "cudaHostUnregister", 1, st);
     *(void **)&a->get_error_string = pm_sym(handle, "cudaGetErrorString", 0, st);
+    *(void **)&a->get_error_name = pm_sym(handle, "cudaGetErrorName", 0, st);
     *(void **)&a->runtime_get_version = pm_sym(handle, "cudaRuntimeGetVersion", 0, st);
     *(void **)&a->get_last_error = pm_sym(handle, "cudaGetLastError", 0, st);
     if (st->error[0] != '\0')
@@ -81,8 +82,9 @@ static void pm_cuda_bind(void *handle, const char *how, pm_cuda_state *st)
     int count = 0;
     st->status = a->get_device_count(&count);
     if (st->status != 0) {
-        snprintf(st->error, sizeof st->error, "cudaGetDeviceCount failed: %s (%d)",
-                 pm_cuda_errstr(a, st->status), st->status);
+        char why[256];
+        snprintf(st->error, sizeof st->error, "cudaGetDeviceCount failed: %s",
+                 pm_cuda_describe(a, st->status, why, sizeof why));
         pm_cuda_clear_error(a);
         count = 0;
     } else if (count == 0) {
@@ -154,6 +156,18 @@ const char *pm_cuda_errstr(const pm_cuda_api *api, int err)
     if (api != NULL && api->get_error_string != NULL)
         s = api->get_error_string(err);
     return s != NULL ? s : "unknown CUDA error";
+}
+
+const char *pm_cuda_describe(const pm_cuda_api *api, int err, char *buf, size_t len)
+{
+    const char *name = NULL;
+    if (api != NULL && api->get_error_name != NULL)
+        name = api->get_error_name(err);
+    if (name != NULL)
+        snprintf(buf, len, "%s: %s (%d)", name, pm_cuda_errstr(api, err), err);
+    else
+        snprintf(buf, len, "CUDA error %d: %s", err, pm_cuda_errstr(api, err));
+    return buf;
 }
 
 void pm_cuda_clear_error(const pm_cuda_api *api)

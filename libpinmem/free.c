@@ -36,9 +36,9 @@ static int pm_free_cuda_host(pm_entry *e)
     if (rc == 0)
         return PINMEM_OK;
     char msg[256];
-    snprintf(msg, sizeof msg, "%s", pm_cuda_errstr(e->cuda, rc));
+    pm_cuda_describe(e->cuda, rc, msg, sizeof msg);
     pm_cuda_clear_error(e->cuda);
-    return pm_fail(PINMEM_ECUDA, 0, "cudaFreeHost(%p) failed: %s (%d)", addr, msg, rc);
+    return pm_fail(PINMEM_ECUDA, 0, "cudaFreeHost(%p) failed: %s", addr, msg);
 }
 
 /* Unregister every chunk of every committed range, each exactly once. */
@@ -50,21 +50,23 @@ static int pm_unregister_all(pm_entry *e)
         const pm_range *g = &e->ranges[k];
         if (g->pinned != PINMEM_PINNED_CUDA_REGISTER || g->pending)
             continue;
+        size_t off = g->offset;
         for (int i = 0; i < g->register_chunks; i++) {
-            int rc = e->cuda->host_unregister(addr + g->offset + (size_t)i * g->register_chunk);
+            int rc = e->cuda->host_unregister(addr + off);
             if (rc != 0 && failed++ == 0)
                 first = rc;
+            off += g->chunk_lens[i];
         }
     }
     if (!failed)
         return PINMEM_OK;
     char msg[256];
-    snprintf(msg, sizeof msg, "%s", pm_cuda_errstr(e->cuda, first));
+    pm_cuda_describe(e->cuda, first, msg, sizeof msg);
     pm_cuda_clear_error(e->cuda);
     return pm_fail(PINMEM_ECUDA, 0,
-                   "cudaHostUnregister failed for %d of %d chunk(s) of %p: %s (%d); the "
-                   "mapping was left in place",
-                   failed, e->region.register_chunks, (void *)addr, msg, first);
+                   "cudaHostUnregister failed for %d of %d chunk(s) of %p: %s; the mapping was "
+                   "left in place",
+                   failed, e->region.register_chunks, (void *)addr, msg);
 }
 
 static int pm_unmap(pm_entry *e)
@@ -84,7 +86,13 @@ PINMEM_API int pinmem_free(void *addr)
 {
     if (addr == NULL)
         return pm_fail(PINMEM_EUNKNOWN_PTR, 0, "NULL is not a mapping");
-    pm_entry *e = pm_registry_take(addr);
+    int external = 0;
+    pm_entry *e = pm_registry_take(addr, 0, &external);
+    if (external)
+        return pm_fail(PINMEM_EINVAL, 0,
+                       "%p is a registration of memory libpinmem did not map (pinmem_register); "
+                       "release it with pinmem_unregister",
+                       addr);
     if (e == NULL)
         return pm_free_unknown(addr);
     int status = PINMEM_OK;

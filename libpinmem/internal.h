@@ -21,6 +21,9 @@
 
 /* cudaHostAllocPortable == cudaHostRegisterPortable == 1. */
 #define PM_CUDA_PORTABLE 1u
+#define PM_CUDA_REGISTER_IO_MEMORY 4u
+#define PM_CUDA_REGISTER_READ_ONLY 8u
+#define PM_CUDA_ERROR_INVALID_VALUE 1
 #define PM_CUDA_ERROR_MEMORY_ALLOCATION 2
 
 static inline size_t pm_round_up(size_t v, size_t to) { return (v + to - 1) / to * to; }
@@ -151,6 +154,7 @@ typedef struct pm_cuda_api {
     int (*host_register)(void *, size_t, unsigned int);
     int (*host_unregister)(void *);
     const char *(*get_error_string)(int);
+    const char *(*get_error_name)(int);
     int (*runtime_get_version)(int *);
     int (*get_last_error)(void);
 } pm_cuda_api;
@@ -159,6 +163,11 @@ typedef struct pm_cuda_api {
  * device); NULL otherwise.  *why explains a NULL (static or internal). */
 PM_HIDDEN const pm_cuda_api *pm_cuda(const char **why);
 PM_HIDDEN const char *pm_cuda_errstr(const pm_cuda_api *api, int err);
+/* "cudaErrorInvalidValue: invalid argument (1)" into buf (cudaGetErrorName,
+ * cudaGetErrorString and the number); returns buf. */
+PM_HIDDEN const char *pm_cuda_describe(const pm_cuda_api *api, int err, char *buf, size_t len);
+/* cudaGetLastError(): after every failed call, so the error does not stay
+ * pending for the thread's next, unrelated CUDA call. */
 PM_HIDDEN void pm_cuda_clear_error(const pm_cuda_api *api);
 /* Fill the CUDA part of the probe. */
 PM_HIDDEN void pm_cuda_probe(pinmem_caps *caps);
@@ -172,8 +181,9 @@ typedef struct pm_range {
     size_t len;
     int pinned;             /* pinmem_pinned; a pending range: what it aims for */
     int pending;            /* a commit is still working on it (not counted) */
-    int register_chunks;    /* cudaHostRegister calls at offset + i * register_chunk */
-    size_t register_chunk;
+    int register_chunks;    /* cudaHostRegister calls behind the range */
+    size_t *chunk_lens;     /* their lengths, in address order from offset
+                             * (malloc'ed, owned by the range; NULL if none) */
 } pm_range;
 
 typedef struct pm_entry {
@@ -182,6 +192,8 @@ typedef struct pm_entry {
     pid_t pid;              /* process that created the entry */
     int dontfork;           /* MADV_DONTFORK applied (or CUDA host memory) */
     const pm_cuda_api *cuda;/* runtime that pinned it (NULL if none) */
+    size_t register_chunk;  /* bytes per cudaHostRegister asked for (0 = option) */
+    unsigned int register_flags; /* cudaHostRegister flags beyond Portable */
     pm_range *ranges;       /* committed ranges, unordered, never overlapping */
     size_t range_count;
     size_t range_cap;
@@ -196,8 +208,10 @@ typedef struct pm_entry {
 
 PM_HIDDEN void pm_registry_add(pm_entry *entry);
 /* Unlink and return the entry whose base is addr, or NULL (also when
- * another free is taking it).  Waits while commits hold the entry. */
-PM_HIDDEN pm_entry *pm_registry_take(void *addr);
+ * another free is taking it).  Only an entry of kind PINMEM_KIND_EXTERNAL
+ * when external, of another kind otherwise; *wrong_kind is set when the
+ * entry at addr is of the other sort.  Waits while commits hold the entry. */
+PM_HIDDEN pm_entry *pm_registry_take(void *addr, int external, int *wrong_kind);
 /* Run fn on the entry for addr with the registry locked; when fn returns
  * PINMEM_OK the entry is held (it stays registered, a free waits) and
  * *held receives it.  Returns fn's status, -1 if addr is not a live
@@ -212,6 +226,8 @@ PM_HIDDEN void pm_registry_unhold(pm_entry *entry, void (*fn)(pm_entry *, void *
 PM_HIDDEN int pm_registry_get(void *addr, pm_entry *copy);
 /* The entry containing addr (not at its base): its base, or NULL. */
 PM_HIDDEN void *pm_registry_containing(void *addr);
+/* The base of a live entry overlapping [addr, addr+len), or NULL. */
+PM_HIDDEN void *pm_registry_overlapping(void *addr, size_t len);
 PM_HIDDEN void pm_registry_stats(size_t *count, size_t *bytes, size_t *cuda_count);
 /* Run fn on the entry for addr with the registry locked; -1 if absent. */
 PM_HIDDEN int pm_registry_with(void *addr, int (*fn)(pm_entry *, void *), void *arg);
@@ -224,6 +240,7 @@ PM_HIDDEN int pm_ranges_reserve(pm_entry *entry, size_t extra);
 PM_HIDDEN pm_range *pm_range_add(pm_entry *entry, const pm_range *range);
 /* The range starting at offset, or NULL. */
 PM_HIDDEN pm_range *pm_range_at(pm_entry *entry, size_t offset);
+/* Remove a range, freeing its chunk lengths. */
 PM_HIDDEN void pm_range_remove(pm_entry *entry, pm_range *range);
 /* The first range overlapping [offset, offset+len), or NULL. */
 PM_HIDDEN const pm_range *pm_range_overlap(const pm_entry *entry, size_t offset, size_t len);
@@ -246,16 +263,64 @@ typedef struct pm_fill {
     int method;             /* pinmem_populate_method */
     int threads_used;
     int register_chunks;    /* cudaHostRegister calls (CUDA_REGISTER only) */
-    size_t register_chunk;  /* bytes per call */
+    size_t *chunk_lens;     /* their lengths (malloc'ed; the caller takes them) */
 } pm_fill;
+
+/* How a range is registered with CUDA. */
+typedef struct pm_reg_req {
+    size_t chunk;           /* bytes per call asked for (0 = the option) */
+    unsigned int flags;     /* cudaHostRegister flags beyond Portable */
+} pm_reg_req;
 
 /* Populate (when populate or the plan pins) and pin [addr, addr+len) of a
  * mapping with pages of page bytes (hugetlb: 2 MiB pages, mlocked after
- * populating) per plan, a pm_plan other than CUDA_ALLOC.  On failure
- * nothing of the range stays locked or registered. */
+ * populating) per plan, a pm_plan other than CUDA_ALLOC; reg says how a
+ * CUDA_REGISTER plan registers.  On failure nothing of the range stays
+ * locked or registered. */
 PM_HIDDEN int pm_fill_range(char *addr, size_t len, size_t page, int hugetlb, int plan,
                             const pm_cuda_api *cuda, int populate, int threads, int touch,
-                            pm_fill *out);
+                            const pm_reg_req *reg, pm_fill *out);
+
+/* ---- register.c: cudaHostRegister in chunks ---- */
+
+/* The chunk a request of asked bytes (0 = the option) registers in: capped
+ * by the PINMEM_OPT_REGISTER_CHUNK option, a multiple of page, >= page. */
+PM_HIDDEN size_t pm_register_chunk(size_t asked, size_t page);
+
+/* The chunks registered so far by one registration: lengths in address
+ * order from its start. */
+typedef struct pm_chunks {
+    size_t *lens;
+    int count;
+    int cap;
+} pm_chunks;
+
+/* Register [addr, addr+len) in calls of chunk bytes, appending each to
+ * *done; a call refused with an error that may be about its size is
+ * retried with halves down to the PINMEM_OPT_REGISTER_MIN_CHUNK option
+ * (multiples of page).  On failure the chunks registered before stay in
+ * *done (the caller unregisters them) and the detail names the call. */
+PM_HIDDEN int pm_register_span(const pm_cuda_api *cuda, char *addr, size_t len, size_t chunk,
+                               size_t page, unsigned int flags, pm_chunks *done);
+/* Unregister count chunks of the given lengths, the first at addr;
+ * returns how many went (*first_error, may be NULL: the first refusal).
+ * Clears the runtime's last error after a refusal. */
+PM_HIDDEN int pm_unregister_chunks(const pm_cuda_api *cuda, char *addr, const size_t *lens,
+                                   int count, int *first_error);
+
+/* ---- pipeline.c: population overlapped with registration ---- */
+
+/* Make [addr, addr+len) resident (when populate) and register it in chunks
+ * of chunk bytes; with several chunks and PINMEM_OPT_REGISTER_OVERLAP the
+ * populate threads fill chunk i+1 while the calling thread registers chunk
+ * i (every CUDA call is made by the calling thread, so the error it clears
+ * is the one its caller would see).  On success *done holds the chunks and
+ * method/threads_used (may be NULL) the population's; on failure nothing of
+ * the range is registered and *done is empty. */
+PM_HIDDEN int pm_populate_register(const pm_cuda_api *cuda, char *addr, size_t len,
+                                   size_t page, size_t chunk, unsigned int flags, int populate,
+                                   int threads, int touch, pm_chunks *done, int *method,
+                                   int *threads_used);
 
 /* mlock, and mlock2(MLOCK_ONFAULT) (pages lock as they are faulted in). */
 PM_HIDDEN int pm_mlock(void *addr, size_t len);

@@ -21,7 +21,7 @@ static const pm_option_desc pm_option_table[PINMEM_OPT_COUNT] = {
     [PINMEM_OPT_REGISTER_CHUNK] = {"register_chunk", "KVPOOL_REGISTER_CHUNK_BYTES",
                                    (int64_t)64 << 30, 4096, INT64_MAX},
     [PINMEM_OPT_REGISTER_THRESHOLD] = {"register_threshold", "KVPOOL_REGISTER_THRESHOLD_BYTES",
-                                       (int64_t)512 << 30, 1, INT64_MAX},
+                                       (int64_t)1 << 30, 1, INT64_MAX},
     [PINMEM_OPT_USE_POPULATE_WRITE] = {"use_populate_write", "KVPOOL_USE_POPULATE_WRITE", 1, 0,
                                        1},
     [PINMEM_OPT_MLOCK_MODE] = {"mlock_mode", "KVPOOL_MLOCK_MODE", 3, 0, 3},
@@ -30,6 +30,9 @@ static const pm_option_desc pm_option_table[PINMEM_OPT_COUNT] = {
     [PINMEM_OPT_AUTO_FALLBACK_THP] = {"auto_fallback_thp", "KVPOOL_AUTO_FALLBACK_THP", 0, 0, 1},
     [PINMEM_OPT_POPULATE_METHOD] = {"populate_method", "KVPOOL_POPULATE_METHOD", 0, 0, 2},
     [PINMEM_OPT_POPULATE_PROBE] = {"populate_probe", "KVPOOL_POPULATE_PROBE", 1, 0, 1},
+    [PINMEM_OPT_REGISTER_OVERLAP] = {"register_overlap", "KVPOOL_REGISTER_OVERLAP", 1, 0, 1},
+    [PINMEM_OPT_REGISTER_MIN_CHUNK] = {"register_min_chunk", "KVPOOL_REGISTER_MIN_CHUNK_BYTES",
+                                       (int64_t)1 << 30, 4096, INT64_MAX},
 };
 
 /* Written once under pm_option_once, read-only afterwards. */

@@ -1,5 +1,5 @@
-/* Populate and pin one range: mlock in its modes, cudaHostRegister in
- * chunks with rollback; the pinning plan of a range. */
+/* Populate and pin one range: mlock in its modes, or population and
+ * cudaHostRegister in chunks (pipeline.c); the pinning plan of a range. */
 #include "internal.h"
 
 #include <errno.h>
@@ -67,42 +67,6 @@ static const char *pm_memlock_text(char *buf, size_t len)
     return pm_fmt_bytes(buf, len, (uint64_t)rl.rlim_cur);
 }
 
-/* cudaHostRegister [addr, addr+len) in chunks; on failure unregister the
- * chunks already done.  Returns a status. */
-static int pm_cuda_register(const pm_cuda_api *cuda, char *addr, size_t len, size_t page,
-                            size_t *chunk_out, int *chunks_out)
-{
-    size_t chunk = (size_t)pm_opt(PINMEM_OPT_REGISTER_CHUNK);
-    chunk = chunk / page * page;
-    if (chunk < page)
-        chunk = page;
-    size_t n = (len + chunk - 1) / chunk;
-    for (size_t i = 0; i < n; i++) {
-        size_t off = i * chunk;
-        size_t l = len - off < chunk ? len - off : chunk;
-        int rc = cuda->host_register(addr + off, l, PM_CUDA_PORTABLE);
-        if (rc != 0) {
-            char msg[256];
-            snprintf(msg, sizeof msg, "%s", pm_cuda_errstr(cuda, rc));
-            pm_cuda_clear_error(cuda);
-            size_t undone = 0;
-            for (size_t j = 0; j < i; j++)
-                if (cuda->host_unregister(addr + j * chunk) == 0)
-                    undone++;
-            pm_cuda_clear_error(cuda);
-            char b[64];
-            return pm_fail(rc == PM_CUDA_ERROR_MEMORY_ALLOCATION ? PINMEM_ENOMEM : PINMEM_ECUDA,
-                           0,
-                           "cudaHostRegister of chunk %zu of %zu (%s at offset %zu) failed: %s "
-                           "(%d); unregistered %zu of the %zu chunk(s) already registered",
-                           i + 1, n, pm_fmt_bytes(b, sizeof b, l), off, msg, rc, undone, i);
-        }
-    }
-    *chunk_out = chunk;
-    *chunks_out = (int)n;
-    return PINMEM_OK;
-}
-
 /* How a range gets locked, decided before populating. */
 typedef struct pm_lock {
     int lock;        /* the plan mlocks */
@@ -156,10 +120,24 @@ static int pm_lock_end(char *addr, size_t len, int plan, const pm_lock *lk, pm_f
 }
 
 int pm_fill_range(char *addr, size_t len, size_t page, int hugetlb, int plan,
-                  const pm_cuda_api *cuda, int populate, int threads, int touch, pm_fill *out)
+                  const pm_cuda_api *cuda, int populate, int threads, int touch,
+                  const pm_reg_req *reg, pm_fill *out)
 {
     memset(out, 0, sizeof *out);
     out->pinned = PINMEM_PINNED_NONE;
+    if (plan == PM_PLAN_CUDA_REGISTER) {
+        pm_chunks done;
+        size_t chunk = pm_register_chunk(reg != NULL ? reg->chunk : 0, page);
+        int rc = pm_populate_register(cuda, addr, len, page, chunk, reg != NULL ? reg->flags : 0,
+                                      1, threads, touch, &done, &out->method,
+                                      &out->threads_used);
+        if (rc != PINMEM_OK)
+            return rc;
+        out->pinned = PINMEM_PINNED_CUDA_REGISTER;
+        out->register_chunks = done.count;
+        out->chunk_lens = done.lens;
+        return PINMEM_OK;
+    }
     pm_lock lk;
     pm_lock_begin(addr, len, hugetlb, plan, &lk);
     int refused_required = lk.err != 0 && plan == PM_PLAN_MLOCK;
@@ -177,13 +155,6 @@ int pm_fill_range(char *addr, size_t len, size_t page, int hugetlb, int plan,
     }
     if (lk.lock)
         return pm_lock_end(addr, len, plan, &lk, out);
-    if (plan == PM_PLAN_CUDA_REGISTER) {
-        int rc = pm_cuda_register(cuda, addr, len, page, &out->register_chunk,
-                                  &out->register_chunks);
-        if (rc != PINMEM_OK)
-            return rc;
-        out->pinned = PINMEM_PINNED_CUDA_REGISTER;
-    }
     return PINMEM_OK;
 }
 
@@ -202,15 +173,16 @@ int pm_entry_fill(pm_entry *e, int plan, const pm_cuda_api *cuda, int populate, 
     if (private_map && pinning && madvise(r->addr, r->mapped_size, MADV_DONTFORK) == 0)
         e->dontfork = 1;
     pm_fill f;
+    pm_reg_req reg = {e->register_chunk, e->register_flags};
     int rc = pm_fill_range(r->addr, r->mapped_size, r->page_size,
                            r->kind == PINMEM_KIND_HUGETLB, plan, cuda, populate, threads, touch,
-                           &f);
+                           &reg, &f);
     if (rc != PINMEM_OK)
         return rc;
     r->populate_method = f.method;
     r->threads_used = f.threads_used;
     if (committing) {
-        pm_range range = {0, r->mapped_size, f.pinned, 0, f.register_chunks, f.register_chunk};
+        pm_range range = {0, r->mapped_size, f.pinned, 0, f.register_chunks, f.chunk_lens};
         pm_range_add(e, &range);
     }
     if (f.pinned == PINMEM_PINNED_CUDA_REGISTER)

@@ -14,7 +14,13 @@
  *
  * What it does:
  *   - pinned host memory: cudaHostAlloc, or mmap + parallel populate +
- *     cudaHostRegister in chunks (with rollback), or mlock without CUDA;
+ *     cudaHostRegister in chunks (population and registration overlapped,
+ *     with rollback), or mlock without CUDA;
+ *   - CUDA registration of memory it did not map (pinmem_register), so that
+ *     every cudaHostRegister of kvpool goes through one path, and a query of
+ *     where each registration of a mapping starts and ends
+ *     (pinmem_registrations): a copy whose host range spans two
+ *     registrations fails in CUDA, so placements need the boundaries;
  *     the CUDA runtime is found at run time with dlopen, never linked;
  *   - NUMA-local memory through the raw mbind(2) syscall;
  *   - 2 MiB hugetlb pages and transparent hugepages;
@@ -49,7 +55,7 @@ extern "C" {
 
 /* PINMEM_CDEF_BEGIN */
 
-#define PINMEM_VERSION 5
+#define PINMEM_VERSION 6
 #define PINMEM_MAX_NUMA_NODES 1024
 #define PINMEM_MAX_HUGEPAGE_SIZES 8
 #define PINMEM_PATH_MAX 512
@@ -114,7 +120,9 @@ typedef enum pinmem_kind {
     PINMEM_KIND_ANONYMOUS = 0,  /* private anonymous mmap, 4 KiB pages (maybe THP) */
     PINMEM_KIND_HUGETLB = 1,    /* private anonymous mmap of 2 MiB hugetlb pages */
     PINMEM_KIND_SHM = 2,        /* POSIX shared memory, MAP_SHARED */
-    PINMEM_KIND_CUDA_HOST = 3   /* cudaHostAlloc */
+    PINMEM_KIND_CUDA_HOST = 3,  /* cudaHostAlloc */
+    PINMEM_KIND_EXTERNAL = 4    /* memory libpinmem did not map, registered by
+                                 * pinmem_register (released by pinmem_unregister) */
 } pinmem_kind;
 
 /* How pages were made resident. */
@@ -142,9 +150,25 @@ typedef enum pinmem_populate_method {
  *        populate plan's count (the CPUs in the affinity mask, at most 16).
  *        Threads used to populate a mapping.
  *   PINMEM_OPT_REGISTER_CHUNK        KVPOOL_REGISTER_CHUNK_BYTES   64 GiB.
- *        Largest single cudaHostRegister call.
- *   PINMEM_OPT_REGISTER_THRESHOLD    KVPOOL_REGISTER_THRESHOLD_BYTES 512 GiB.
- *        At or above this size CUDA pinning always takes the register path.
+ *        Largest single cudaHostRegister call (drivers from r580 refuse one
+ *        of 512 GiB or more).  A request's own register_chunk is capped by it.
+ *   PINMEM_OPT_REGISTER_THRESHOLD    KVPOOL_REGISTER_THRESHOLD_BYTES 1 GiB.
+ *        At or above this size CUDA pinning (pin AUTO, and CUDA_ALLOC) takes
+ *        the register path; below it, cudaHostAlloc.  Measured on an H200
+ *        (driver 580, 16 cores): populate + register was 2.60x faster than
+ *        cudaHostAlloc at 1 GiB, 2.81x at 4 GiB, 3.13x at 16 GiB (median of
+ *        3); below 1 GiB nothing was measured, so cudaHostAlloc stays there.
+ *   PINMEM_OPT_REGISTER_OVERLAP      KVPOOL_REGISTER_OVERLAP       1.  1 = a
+ *        mapping registered in several chunks is populated and registered
+ *        as a pipeline: chunk i is registered (in the calling thread) while
+ *        the populate threads fill chunk i+1; 0 = populate all, then
+ *        register (for comparison).
+ *   PINMEM_OPT_REGISTER_MIN_CHUNK    KVPOOL_REGISTER_MIN_CHUNK_BYTES 1 GiB.
+ *        A cudaHostRegister refused with cudaErrorMemoryAllocation or
+ *        cudaErrorInvalidValue is retried with half the bytes, down to this
+ *        size, before the registration fails (a driver may refuse a size
+ *        that a smaller call gets); pinmem_registrations reports the
+ *        pieces as they were registered.
  *   PINMEM_OPT_USE_POPULATE_WRITE    KVPOOL_USE_POPULATE_WRITE     1.  0 makes
  *        populate behave as if the kernel lacked MADV_POPULATE_WRITE.
  *   PINMEM_OPT_MLOCK_MODE            KVPOOL_MLOCK_MODE             3.  How mlock
@@ -188,7 +212,9 @@ typedef enum pinmem_option {
     PINMEM_OPT_AUTO_FALLBACK_THP = 6,
     PINMEM_OPT_POPULATE_METHOD = 7,
     PINMEM_OPT_POPULATE_PROBE = 8,
-    PINMEM_OPT_COUNT = 9
+    PINMEM_OPT_REGISTER_OVERLAP = 9,
+    PINMEM_OPT_REGISTER_MIN_CHUNK = 10,
+    PINMEM_OPT_COUNT = 11
 } pinmem_option;
 
 /* Where an option's value came from. */
@@ -288,6 +314,12 @@ typedef struct pinmem_alloc_params {
     int flags;              /* PINMEM_SHM_* */
     const char *shm_name;   /* NULL = anonymous; else "/name" */
     unsigned int shm_mode;  /* permission bits, 0 = 0600 */
+    size_t register_chunk;  /* bytes per cudaHostRegister call, for this mapping
+                             * and every pinmem_commit of it: rounded down to a
+                             * multiple of the page size in use and capped by the
+                             * PINMEM_OPT_REGISTER_CHUNK option; 0 = that option
+                             * (as few calls as it allows).  A pool passes
+                             * pinmem_register_plan's chunk, a multiple of its unit */
 } pinmem_alloc_params;
 
 /* What a live mapping is. */
@@ -399,8 +431,8 @@ PINMEM_API int pinmem_free(void *addr);
  *                             are usable, else mlock if allowed, else none;
  *   PINMEM_PIN_NONE           resident only;
  *   PINMEM_PIN_MLOCK          mlock, or fail with PINMEM_EMLOCK;
- *   PINMEM_PIN_CUDA_REGISTER  cudaHostRegister in chunks of at most the
- *                             PINMEM_OPT_REGISTER_CHUNK option, or
+ *   PINMEM_PIN_CUDA_REGISTER  cudaHostRegister in chunks of the mapping's
+ *                             register_chunk (pinmem_alloc_params), or
  *                             PINMEM_ENO_CUDA without CUDA;
  *   (PINMEM_PIN_CUDA_ALLOC cannot pin a range: PINMEM_EINVAL).
  * *pinned (may be NULL) receives how the range ended up pinned, a
@@ -419,10 +451,12 @@ PINMEM_API int pinmem_free(void *addr);
  *     overlapping a commit still in progress in another thread is
  *     PINMEM_EBUSY.  A failed commit leaves its range uncommitted (pages
  *     may stay resident, never locked or registered), so it can be retried.
- *   - Each commit's CUDA chunks are recorded with the mapping, and
- *     pinmem_free unregisters every one of them exactly once; a
- *     cudaHostRegister failing part-way unregisters the chunks of that
- *     commit and leaves earlier commits alone.
+ *   - Each commit's CUDA chunks are recorded with the mapping
+ *     (pinmem_registrations lists them), and pinmem_free unregisters every
+ *     one of them exactly once; a cudaHostRegister failing part-way
+ *     unregisters the chunks of that commit and leaves earlier commits
+ *     alone.  Population and registration of a commit in several chunks
+ *     overlap as in pinmem_alloc (PINMEM_OPT_REGISTER_OVERLAP).
  *   - The registry lock is not held while populating or pinning: commits of
  *     disjoint ranges of one mapping may run in parallel, and queries run
  *     meanwhile (they count finished commits only).  pinmem_free of the
@@ -438,6 +472,82 @@ PINMEM_API int pinmem_query(void *addr, pinmem_region *out);
 
 /* Number of live mappings and their mapped bytes. */
 PINMEM_API int pinmem_live(size_t *count, size_t *bytes);
+
+/* ---- CUDA registrations ----
+ *
+ * CUDA copies a host range to or from a GPU only when the range lies wholly
+ * inside ONE registration (one cudaHostRegister call, or one cudaHostAlloc
+ * allocation); a copy that spans two registrations fails with
+ * cudaErrorInvalidValue.  A mapping registered in chunks therefore has
+ * boundaries that no object handed out of it may straddle.  libpinmem
+ * reports them (pinmem_registrations), and a pool can choose chunks that are
+ * multiples of its unit (pinmem_register_plan, then the register_chunk of
+ * pinmem_alloc_params), so that its objects pack with no loss.
+ *
+ * Every failed CUDA call is followed by cudaGetLastError(), so a refused
+ * registration leaves no error behind for the next, unrelated CUDA call of
+ * the thread (torch's kernel launch, say).  Failure details name the error
+ * as cudaGetErrorName does ("cudaErrorInvalidValue"), with its text and
+ * number. */
+
+/* One registration of a mapping: [offset, offset + len) from its base. */
+typedef struct pinmem_span {
+    size_t offset;
+    size_t len;
+} pinmem_span;
+
+/* Flags of pinmem_register. */
+#define PINMEM_REGISTER_IO_MEMORY 1u  /* cudaHostRegisterIoMemory: I/O memory (a PCIe BAR
+                                       * mapped with VM_IO/VM_PFNMAP), not RAM pages */
+#define PINMEM_REGISTER_READ_ONLY 2u  /* cudaHostRegisterReadOnly: the GPU only reads it
+                                       * (the driver then pins without FOLL_WRITE) */
+#define PINMEM_REGISTER_POPULATE 4u   /* make the range resident first (contents kept),
+                                       * overlapped with the registration of the chunks */
+
+/* The chunk a pool should register len bytes in: *chunk receives a
+ * multiple of lcm(unit, 2 MiB) (unit 0 = 2 MiB), about len / 16 so that
+ * population and registration overlap (PINMEM_OPT_REGISTER_OVERLAP), at
+ * least 256 MiB, at most the PINMEM_OPT_REGISTER_CHUNK option.  When
+ * lcm(unit, 2 MiB) is above that option the unit cannot be honoured: the
+ * chunk is the option's, rounded down to 2 MiB, and objects that would
+ * straddle a boundary must be left out by the caller.  2 MiB granularity
+ * suits both 4 KiB and 2 MiB pages.  A pure function of its arguments and
+ * the options; PINMEM_EINVAL for a NULL chunk. */
+PINMEM_API int pinmem_register_plan(size_t len, size_t unit, size_t *chunk);
+
+/* The CUDA registrations of the live mapping whose base is addr, in address
+ * order: up to max spans into spans (which may be NULL when max is 0), the
+ * total number into *count (call again with more room when it is larger).
+ * A cudaHostAlloc mapping is one span; a registered one has a span per
+ * cudaHostRegister call of every finished commit; unpinned, mlocked and
+ * uncommitted parts have none. */
+PINMEM_API int pinmem_registrations(void *addr, pinmem_span *spans, size_t max, size_t *count);
+
+/* Register [addr, addr + len) -- memory libpinmem did not map (a Device-DAX
+ * or file mapping, a host buffer another library allocated) -- with CUDA,
+ * in calls of chunk bytes (rounded down to a multiple of 4 KiB, capped by
+ * the PINMEM_OPT_REGISTER_CHUNK option; 0 = that option), each retried
+ * smaller as PINMEM_OPT_REGISTER_MIN_CHUNK says.  flags: PINMEM_REGISTER_*.
+ * A call refused part-way unregisters every chunk it registered, and the
+ * runtime's last error is cleared.  On success *out (may be NULL)
+ * describes it: kind PINMEM_KIND_EXTERNAL, pinned
+ * PINMEM_PINNED_CUDA_REGISTER, register_chunks.  It is a registry entry
+ * keyed by addr, as a mapping is: pinmem_registrations and pinmem_query
+ * take addr; pinmem_free refuses it (pinmem_unregister releases it).
+ * PINMEM_EINVAL: NULL addr, len 0, unknown flags, or a range that overlaps
+ * a live libpinmem mapping or registration (commit libpinmem's own
+ * mappings instead); PINMEM_ENO_CUDA: no usable runtime; PINMEM_ECUDA /
+ * PINMEM_ENOMEM: the driver refused (the detail names the CUDA error). */
+PINMEM_API int pinmem_register(void *addr, size_t len, size_t chunk, unsigned int flags,
+                               pinmem_region *out);
+
+/* Unregister every chunk of a pinmem_register registration, each once, and
+ * forget it.  The caller makes sure no copy from the range is in flight
+ * (synchronise the streams first).  In a forked child the parent's
+ * registration is forgotten without a CUDA call.  PINMEM_EUNKNOWN_PTR:
+ * addr is no such registration; PINMEM_ECUDA: a chunk could not be
+ * unregistered (the entry is forgotten all the same). */
+PINMEM_API int pinmem_unregister(void *addr);
 
 /* Make [addr, addr+len) resident with up to threads threads (0 = the plan's);
  * writes zeros where MADV_POPULATE_WRITE is unavailable, so only for fresh

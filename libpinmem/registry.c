@@ -57,12 +57,13 @@ static pm_entry *pm_find_locked(void *addr)
     return NULL;
 }
 
-pm_entry *pm_registry_take(void *addr)
+pm_entry *pm_registry_take(void *addr, int external, int *wrong_kind)
 {
     pm_entry *found = NULL;
     pthread_mutex_lock(&pm_registry_lock);
     pm_entry *e = pm_find_locked(addr);
-    if (e != NULL && !e->freeing) {
+    *wrong_kind = e != NULL && (e->region.kind == PINMEM_KIND_EXTERNAL) != (external != 0);
+    if (e != NULL && !e->freeing && !*wrong_kind) {
         /* Claim it (other frees and new commits now fail), then wait for
          * the commits in progress to let go. */
         e->freeing = 1;
@@ -160,6 +161,22 @@ void *pm_registry_containing(void *addr)
     return base;
 }
 
+void *pm_registry_overlapping(void *addr, size_t len)
+{
+    void *base = NULL;
+    char *p = addr;
+    pthread_mutex_lock(&pm_registry_lock);
+    for (pm_entry *e = pm_registry_head; e != NULL; e = e->next) {
+        char *b = e->region.addr;
+        if (p < b + e->region.mapped_size && b < p + len) {
+            base = b;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&pm_registry_lock);
+    return base;
+}
+
 void pm_registry_stats(size_t *count, size_t *bytes, size_t *cuda_count)
 {
     size_t c = 0, b = 0, cc = 0;
@@ -180,6 +197,8 @@ void pm_entry_destroy(pm_entry *entry)
 {
     if (entry == NULL)
         return;
+    for (size_t k = 0; k < entry->range_count; k++)
+        free(entry->ranges[k].chunk_lens);
     free(entry->shm_name);
     free(entry->ranges);
     free(entry);
@@ -217,6 +236,7 @@ pm_range *pm_range_at(pm_entry *entry, size_t offset)
 
 void pm_range_remove(pm_entry *entry, pm_range *range)
 {
+    free(range->chunk_lens);
     /* Order does not matter: move the last one into the hole. */
     *range = entry->ranges[--entry->range_count];
 }
@@ -275,5 +295,64 @@ PINMEM_API int pinmem_query(void *addr, pinmem_region *out)
     if (addr == NULL || pm_registry_get(addr, &copy) != 0)
         return pm_fail(PINMEM_EUNKNOWN_PTR, 0, "%p is not the base of a live mapping", addr);
     *out = copy.region;
+    return PINMEM_OK;
+}
+
+/* ------------------------------------------------------- registrations */
+
+typedef struct pm_span_query {
+    pinmem_span *spans;
+    size_t max;
+    size_t count;
+} pm_span_query;
+
+static void pm_span_put(pm_span_query *q, size_t offset, size_t len)
+{
+    if (q->count < q->max) {
+        q->spans[q->count].offset = offset;
+        q->spans[q->count].len = len;
+    }
+    q->count++;
+}
+
+static int pm_spans_of(pm_entry *e, void *arg)
+{
+    pm_span_query *q = arg;
+    /* Ranges are unordered but never overlap: take them by offset, each
+     * the first at or after the end of the one before (few ranges). */
+    size_t cursor = 0;
+    for (;;) {
+        const pm_range *next = NULL;
+        for (size_t k = 0; k < e->range_count; k++) {
+            const pm_range *g = &e->ranges[k];
+            int registered = g->pinned == PINMEM_PINNED_CUDA_ALLOC ||
+                             g->pinned == PINMEM_PINNED_CUDA_REGISTER;
+            if (!g->pending && registered && g->offset >= cursor &&
+                (next == NULL || g->offset < next->offset))
+                next = g;
+        }
+        if (next == NULL)
+            return PINMEM_OK;
+        if (next->pinned == PINMEM_PINNED_CUDA_ALLOC) {
+            pm_span_put(q, next->offset, next->len);
+        } else {
+            size_t off = next->offset;
+            for (int i = 0; i < next->register_chunks; i++) {
+                pm_span_put(q, off, next->chunk_lens[i]);
+                off += next->chunk_lens[i];
+            }
+        }
+        cursor = next->offset + next->len;
+    }
+}
+
+PINMEM_API int pinmem_registrations(void *addr, pinmem_span *spans, size_t max, size_t *count)
+{
+    if (count == NULL || (spans == NULL && max > 0))
+        return pm_fail(PINMEM_EINVAL, 0, "count must not be NULL, nor spans when max > 0");
+    pm_span_query q = {spans, max, 0};
+    if (addr == NULL || pm_registry_with(addr, pm_spans_of, &q) != PINMEM_OK)
+        return pm_fail(PINMEM_EUNKNOWN_PTR, 0, "%p is not the base of a live mapping", addr);
+    *count = q.count;
     return PINMEM_OK;
 }

@@ -1,7 +1,8 @@
 /*
  * A stand-in CUDA runtime for tests on machines without a GPU.  It exports
- * the few runtime calls libpinmem uses, implemented over mmap, and keeps
- * books that tests can read back.  Environment knobs, read at every call:
+ * the runtime calls libpinmem uses, implemented over mmap, plus the copy
+ * calls a pool's user makes, and keeps books that tests can read back.
+ * Environment knobs, read at every call:
  *
  *   KVPOOL_FAKE_CUDA_DEVICES            device count (default 1; 0 = none)
  *   KVPOOL_FAKE_CUDA_FAIL_REGISTER_N    the Nth cudaHostRegister (1-based,
@@ -11,10 +12,23 @@
  *   KVPOOL_FAKE_CUDA_FAIL_ALLOC         1: cudaHostAlloc fails
  *   KVPOOL_FAKE_CUDA_REGISTER_DELAY_MS  cudaHostRegister sleeps this long
  *                                       first (to catch it in progress)
+ *   KVPOOL_FAKE_CUDA_REGISTER_MS_PER_GIB  and this long per GiB it registers
+ *                                       (a driver's registration rate, to show
+ *                                       population overlapping registration)
+ *
+ * What it enforces, as the real runtime does:
+ *   - a copy (cudaMemcpy, cudaMemcpyAsync) whose host range is not wholly
+ *     inside ONE registration or cudaHostAlloc allocation fails with
+ *     cudaErrorInvalidValue.  The real runtime stages a copy from memory
+ *     that is not registered at all; the fake refuses it too, so a test
+ *     sees a pool object that is not pinned;
+ *   - a failed call leaves its error as the thread's last error until
+ *     cudaGetLastError() reads and clears it (cudaPeekAtLastError() reads
+ *     without clearing);
+ *   - no two registrations overlap; only a registered base unregisters.
  *
  * It is a test fixture, not a model of the driver: it only checks what
- * libpinmem must get right (ranges mapped, no overlapping registration,
- * unregister of exactly the registered bases, frees of live allocations).
+ * libpinmem and the pools must get right.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -23,6 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #define EXPORT __attribute__((visibility("default")))
@@ -36,6 +51,9 @@ enum {
     ERR_NOT_REGISTERED = 713,
 };
 
+/* cudaMemcpyKind */
+enum { COPY_H2H = 0, COPY_H2D = 1, COPY_D2H = 2, COPY_D2D = 3, COPY_DEFAULT = 4 };
+
 #define MAX_RANGES 4096
 
 typedef struct range {
@@ -46,6 +64,9 @@ typedef struct range {
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static range regs[MAX_RANGES];
 static range allocs[MAX_RANGES];
+static range device[MAX_RANGES]; /* cudaMalloc: "device" memory (host memory here) */
+static unsigned int last_register_flags;
+static int refused_copies;
 static int register_calls, unregister_calls;
 static size_t max_register_bytes;
 static __thread int last_error;
@@ -83,6 +104,21 @@ EXPORT int cudaGetLastError(void)
     int e = last_error;
     last_error = ERR_SUCCESS;
     return e;
+}
+
+EXPORT int cudaPeekAtLastError(void) { return last_error; }
+
+EXPORT const char *cudaGetErrorName(int e)
+{
+    switch (e) {
+    case ERR_SUCCESS: return "cudaSuccess";
+    case ERR_INVALID_VALUE: return "cudaErrorInvalidValue";
+    case ERR_MEMORY_ALLOCATION: return "cudaErrorMemoryAllocation";
+    case ERR_NO_DEVICE: return "cudaErrorNoDevice";
+    case ERR_ALREADY_REGISTERED: return "cudaErrorHostMemoryAlreadyRegistered";
+    case ERR_NOT_REGISTERED: return "cudaErrorHostMemoryNotRegistered";
+    default: return "cudaErrorUnknown";
+    }
 }
 
 EXPORT const char *cudaGetErrorString(int e)
@@ -149,17 +185,29 @@ EXPORT int cudaFreeHost(void *p)
     return set_error(ERR_INVALID_VALUE);
 }
 
+static void sleep_ns(long long ns)
+{
+    struct timespec t = {(time_t)(ns / 1000000000LL), (long)(ns % 1000000000LL)};
+    while (nanosleep(&t, &t) != 0 && errno == EINTR)
+        ;
+}
+
 EXPORT int cudaHostRegister(void *p, size_t size, unsigned int flags)
 {
-    (void)flags;
     char *c = p;
     long delay_ms = env_long("KVPOOL_FAKE_CUDA_REGISTER_DELAY_MS", 0);
+    long per_gib_ms = env_long("KVPOOL_FAKE_CUDA_REGISTER_MS_PER_GIB", 0);
+    long long delay_ns = (long long)delay_ms * 1000000LL;
+    if (per_gib_ms > 0)
+        delay_ns += (long long)((double)per_gib_ms * 1e6 * (double)size / (double)(1ULL << 30));
     pthread_mutex_lock(&lock);
     int call = ++register_calls;
-    if (delay_ms > 0) {
-        /* Counted first, so a test sees the call begin, then sleep unlocked. */
+    last_register_flags = flags;
+    if (delay_ns > 0) {
+        /* Counted first, so a test sees the call begin, then sleep unlocked
+         * (as a driver's registration takes time, not this process's CPU). */
         pthread_mutex_unlock(&lock);
-        usleep((useconds_t)(delay_ms * 1000));
+        sleep_ns(delay_ns);
         pthread_mutex_lock(&lock);
     }
     long fail_n = env_long("KVPOOL_FAKE_CUDA_FAIL_REGISTER_N", 0);
@@ -208,6 +256,107 @@ EXPORT int cudaHostUnregister(void *p)
     return set_error(ERR_NOT_REGISTERED);
 }
 
+/* "Device" memory: host memory the fake copies to and from. */
+EXPORT int cudaMalloc(void **out, size_t size)
+{
+    if (out == NULL || size == 0)
+        return set_error(ERR_INVALID_VALUE);
+    void *p = malloc(size);
+    if (p == NULL)
+        return set_error(ERR_MEMORY_ALLOCATION);
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < MAX_RANGES; i++) {
+        if (device[i].ptr == NULL) {
+            device[i].ptr = p;
+            device[i].size = size;
+            pthread_mutex_unlock(&lock);
+            *out = p;
+            return ERR_SUCCESS;
+        }
+    }
+    pthread_mutex_unlock(&lock);
+    free(p);
+    return set_error(ERR_MEMORY_ALLOCATION);
+}
+
+EXPORT int cudaFree(void *p)
+{
+    if (p == NULL)
+        return ERR_SUCCESS;
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < MAX_RANGES; i++) {
+        if (device[i].ptr == p) {
+            device[i].ptr = NULL;
+            pthread_mutex_unlock(&lock);
+            free(p);
+            return ERR_SUCCESS;
+        }
+    }
+    pthread_mutex_unlock(&lock);
+    return set_error(ERR_INVALID_VALUE);
+}
+
+/* Is [p, p+size) inside one of table's ranges?  Called with the lock held. */
+static int inside_one(const range *table, const char *p, size_t size)
+{
+    for (int i = 0; i < MAX_RANGES; i++)
+        if (table[i].ptr != NULL && table[i].ptr <= p && size <= table[i].size &&
+            (size_t)(p - table[i].ptr) <= table[i].size - size)
+            return 1;
+    return 0;
+}
+
+/* CUDA's rule for the host side of a copy: wholly inside ONE registration
+ * or ONE cudaHostAlloc allocation.  0 or cudaErrorInvalidValue. */
+EXPORT int fake_cuda_check_copy(const void *host, size_t size)
+{
+    pthread_mutex_lock(&lock);
+    int ok = size > 0 && host != NULL &&
+             (inside_one(regs, host, size) || inside_one(allocs, host, size));
+    pthread_mutex_unlock(&lock);
+    return ok ? ERR_SUCCESS : ERR_INVALID_VALUE;
+}
+
+static int copy(void *dst, const void *src, size_t count, int kind)
+{
+    if (count == 0)
+        return ERR_SUCCESS;
+    const void *host = kind == COPY_H2D ? src : kind == COPY_D2H ? dst : NULL;
+    const void *dev = kind == COPY_H2D ? dst : kind == COPY_D2H ? src : NULL;
+    if (host == NULL) /* H2H, D2D and inferred kinds: not what the fake models */
+        return set_error(ERR_INVALID_VALUE);
+    pthread_mutex_lock(&lock);
+    int ok = inside_one(device, dev, count) &&
+             (inside_one(regs, host, count) || inside_one(allocs, host, count));
+    if (!ok)
+        refused_copies++;
+    pthread_mutex_unlock(&lock);
+    if (!ok)
+        return set_error(ERR_INVALID_VALUE);
+    memcpy(dst, src, count);
+    return ERR_SUCCESS;
+}
+
+EXPORT int cudaMemcpy(void *dst, const void *src, size_t count, int kind)
+{
+    return copy(dst, src, count, kind);
+}
+
+EXPORT int cudaMemcpyAsync(void *dst, const void *src, size_t count, int kind, void *stream)
+{
+    (void)stream; /* done at once: the fake has no streams */
+    return copy(dst, src, count, kind);
+}
+
+/* The flags of the most recent cudaHostRegister; copies refused so far. */
+EXPORT void fake_cuda_register_info(unsigned int *flags, int *refused)
+{
+    pthread_mutex_lock(&lock);
+    *flags = last_register_flags;
+    *refused = refused_copies;
+    pthread_mutex_unlock(&lock);
+}
+
 /* Books for tests: live registrations and allocations, call counts. */
 EXPORT void fake_cuda_stats(int *live_registrations, int *live_allocations, int *registers,
                             int *unregisters, size_t *largest_registration)
@@ -233,6 +382,7 @@ EXPORT void fake_cuda_reset(void)
     register_calls = 0;
     unregister_calls = 0;
     max_register_bytes = 0;
+    refused_copies = 0;
     pthread_mutex_unlock(&lock);
 }
 

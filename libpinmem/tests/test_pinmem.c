@@ -26,23 +26,11 @@
 #include <unistd.h>
 
 #include "../pinmem.h"
+#include "test_common.h"
 
-static int checks, failures;
+int checks, failures;
 
-#define CHECK(cond, ...)                                                                        \
-    do {                                                                                        \
-        checks++;                                                                               \
-        if (!(cond)) {                                                                          \
-            failures++;                                                                         \
-            printf("FAIL %s:%d: %s -- ", __FILE__, __LINE__, #cond);                            \
-            printf(__VA_ARGS__);                                                                \
-            printf(" [detail: %s]\n", pinmem_last_detail());                                    \
-        }                                                                                       \
-    } while (0)
-
-#define MIB ((size_t)1 << 20)
-
-static pinmem_alloc_params params(size_t size)
+pinmem_alloc_params params(size_t size)
 {
     pinmem_alloc_params p;
     pinmem_params_init(&p);
@@ -95,7 +83,7 @@ static size_t locked_bytes(void *addr, size_t len)
     return total;
 }
 
-static size_t resident_range(void *addr, size_t len)
+size_t resident_range(void *addr, size_t len)
 {
     size_t bytes = 0;
     if (pinmem_resident_bytes(addr, len, &bytes) != PINMEM_OK)
@@ -103,7 +91,7 @@ static size_t resident_range(void *addr, size_t len)
     return bytes;
 }
 
-static double now_s(void)
+double now_s(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -111,7 +99,7 @@ static double now_s(void)
 }
 
 /* A reservation: mapped, nothing resident, nothing pinned. */
-static int reserve(size_t size, int hugepages, pinmem_region *r)
+int reserve(size_t size, int hugepages, pinmem_region *r)
 {
     pinmem_alloc_params p = params(size);
     p.populate = 0;
@@ -119,7 +107,7 @@ static int reserve(size_t size, int hugepages, pinmem_region *r)
     return pinmem_alloc(&p, r);
 }
 
-static size_t live_count(void)
+size_t live_count(void)
 {
     size_t n = 0, bytes = 0;
     pinmem_live(&n, &bytes);
@@ -163,6 +151,8 @@ static void test_option_reports(void)
               info.source == PINMEM_OPTION_ENV && info.value == (int64_t)256 << 30 &&
               info.env_rejected == 0 && info.env_text[0] == '\0',
           "a valid variable is used: source %d value %lld", info.source, (long long)info.value);
+    CHECK(info.default_value == (int64_t)1 << 30, "the threshold's default is 1 GiB: %lld",
+          (long long)info.default_value);
     CHECK(pinmem_option_set(PINMEM_OPT_MLOCK_MODE, 4) == PINMEM_EINVAL, "set out of range");
     CHECK(strstr(pinmem_last_detail(), "KVPOOL_MLOCK_MODE") != NULL &&
               strstr(pinmem_last_detail(), "0..3") != NULL,
@@ -176,7 +166,7 @@ static void test_option_reports(void)
           "source set");
     CHECK(pinmem_option_describe(PINMEM_OPT_COUNT, &info) == PINMEM_EINVAL, "no such option");
     CHECK(pinmem_option_describe(0, NULL) == PINMEM_EINVAL, "NULL out");
-    pinmem_option_set(PINMEM_OPT_REGISTER_THRESHOLD, (int64_t)512 << 30);
+    pinmem_option_set(PINMEM_OPT_REGISTER_THRESHOLD, (int64_t)1 << 30);
     CHECK(pinmem_test_set_fault(PINMEM_FAULT_COUNT, 1) == PINMEM_EINVAL, "no such fault");
     CHECK(pinmem_test_set_fault(-1, 1) == PINMEM_EINVAL, "negative fault");
 }
@@ -1235,10 +1225,11 @@ static void test_cuda(const char *fake)
     CHECK(r.pinned == PINMEM_PINNED_CUDA_REGISTER && r.kind == PINMEM_KIND_ANONYMOUS,
           "became register: %d", r.pinned);
     pinmem_free(r.addr);
-    pinmem_option_set(PINMEM_OPT_REGISTER_THRESHOLD, (int64_t)512 << 30);
+    pinmem_option_set(PINMEM_OPT_REGISTER_THRESHOLD, (int64_t)1 << 30);
     pinmem_option_set(PINMEM_OPT_REGISTER_CHUNK, (int64_t)64 << 30);
 
     test_commit_cuda(stats, reset, h);
+    test_register_fake(h);
 
     setenv("KVPOOL_FAKE_CUDA_DEVICES", "0", 1);
     CHECK(pinmem_cuda_reload(fake) == PINMEM_OK, "reload");
@@ -1477,6 +1468,7 @@ int main(int argc, char **argv)
     test_commit_hugetlb();
     test_commit_threads();
     test_entries();
+    test_register_plan();
     test_cuda(fake);
     CHECK(live_count() == 0, "live mappings left: %zu", live_count());
     printf("%d checks, %d failed\n", checks, failures);

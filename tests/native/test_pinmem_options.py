@@ -30,6 +30,8 @@ def test_options_come_from_libpinmem() -> None:
         "auto_fallback_thp",
         "populate_method",
         "populate_probe",
+        "register_overlap",
+        "register_min_chunk",
     }
     for name, (option, env) in native.OPTIONS.items():
         assert env.startswith("KVPOOL_")
