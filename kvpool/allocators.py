@@ -54,7 +54,13 @@ from kvpool.native.numa import NUMAMapping, resolve_numa_node
 from kvpool.native.spec import HostSpec
 from kvpool.pool.address import AddressManager
 from kvpool.pool.adhoc import AdHocMemoryAllocator
-from kvpool.pool.backing import Backing, HostBacking, TorchBacking, default_hugepages
+from kvpool.pool.backing import (
+    Backing,
+    HostBacking,
+    TorchBacking,
+    default_hugepages,
+    pool_register_chunk,
+)
 from kvpool.pool.interface import MemoryAllocatorInterface
 from kvpool.pool.objects import MemoryObj
 from kvpool.pool.paged import PagedTensorMemoryAllocator
@@ -95,6 +101,13 @@ def _numa_node(kwargs: dict[str, Any]) -> int | None:
     return check_int("numa_node", numa_node, low=0, high=(1 << 31) - 1)
 
 
+def _register_chunk(size: object, placement: PlacementSpec) -> int | None:
+    """The chunk a host pool registers in: a multiple of its unit (see ``pool_register_chunk``)."""
+    if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+        return None  # HostSpec names the bad size
+    return pool_register_chunk(size, placement.unit())
+
+
 class _HostPool(MemoryPool):
     """A pool in host memory pinned per the class's ``_pin`` policy."""
 
@@ -105,7 +118,11 @@ class _HostPool(MemoryPool):
         name = type(self).__name__
         placement = PlacementSpec.from_reference(use_paging, kwargs)
         spec = HostSpec(
-            size, pin=self._pin, numa_node=_numa_node(kwargs), hugepages=default_hugepages()
+            size,
+            pin=self._pin,
+            numa_node=_numa_node(kwargs),
+            hugepages=default_hugepages(),
+            register_chunk=_register_chunk(size, placement),
         )
         super().__init__(HostBacking(spec), placement, name=name)
 
@@ -205,6 +222,7 @@ class MixedMemoryAllocator(IndexedPool):
             hugepages = "never"
         else:
             hugepages = default_hugepages()
+        placement = PlacementSpec.from_reference(use_paging, kwargs, align_bytes=self.align_bytes)
         spec = HostSpec(
             size,
             pin=kwargs.get("pin", "auto"),
@@ -212,11 +230,11 @@ class MixedMemoryAllocator(IndexedPool):
             hugepages=hugepages,
             shm_name=self.shm_name,
             shm_reuse=kwargs.get("shm_reuse", False),
+            register_chunk=_register_chunk(size, placement),
         )
         slots = index_slots(spec.size, use_paging, kwargs) if self.shm_name else 0
         backing: Backing = SharedPoolBacking(spec, slots) if slots else HostBacking(spec)
         self._index: IndexWriter | None = getattr(backing, "index", None)
-        placement = PlacementSpec.from_reference(use_paging, kwargs, align_bytes=self.align_bytes)
         super().__init__(backing, placement, byte_buffers=True, name="MixedMemoryAllocator")
 
     @property

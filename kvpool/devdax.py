@@ -30,11 +30,12 @@ from typing import Any
 import torch
 
 from kvpool.allocators import MixedMemoryAllocator
-from kvpool.checks import REQUIRED, TypedEnumLookup, check_int, refuse_in_place
+from kvpool.checks import REQUIRED, TypedEnumLookup, check_choice, check_int, refuse_in_place
 from kvpool.errors import ArgumentTypeError, InvalidArgumentError, PoolClosedError
 from kvpool.formats import MemoryFormat, normalize_layout
 from kvpool.pool.address import AddressManager
-from kvpool.pool.devdax import DevDaxBacking, device_identity
+from kvpool.pool.backing import pool_register_chunk
+from kvpool.pool.devdax import DEVDAX_PIN_CHOICES, DevDaxBacking, device_identity
 from kvpool.pool.handle import TensorMemoryObj
 from kvpool.pool.interface import MemoryAllocatorInterface
 from kvpool.pool.objects import MemoryObj
@@ -110,8 +111,13 @@ class DevDaxArenaStatus:
 class _Arena:
     """One mapped device: its backing, its pool and its state."""
 
-    def __init__(self, device_path: str, size: int, align_bytes: int, is_primary: bool) -> None:
-        backing = DevDaxBacking(device_path, size)
+    def __init__(
+        self, device_path: str, size: int, align_bytes: int, is_primary: bool, pin: str
+    ) -> None:
+        # Registered in chunks that are multiples of the alignment: no object
+        # straddles two registrations.
+        chunk = pool_register_chunk(size, align_bytes)
+        backing = DevDaxBacking(device_path, size, pin=pin, register_chunk=chunk)
         self.pool = MemoryPool(
             backing, PlacementSpec("extent", align_bytes=align_bytes), name="DevDaxMemoryAllocator"
         )
@@ -157,6 +163,10 @@ class DevDaxMemoryAllocator(MemoryAllocatorInterface):
         shm_name: for that DRAM pool (POSIX shared memory of this name).
         use_hugepages: for that DRAM pool (2 MiB pages).
         align_bytes: alignment of objects (a power of two).
+        pin: how arenas are pinned: "auto" (registered with CUDA when it is
+            there; a refusal leaves the arena unpinned, with one warning),
+            "none", or "cuda-register" (a refusal raises); see
+            :class:`~kvpool.pool.devdax.DevDaxBacking`.
 
     Objects' ``parent()`` is this allocator for arena objects and the DRAM
     pool for DRAM objects (:meth:`is_devdax_obj` tells them apart).
@@ -177,6 +187,7 @@ class DevDaxMemoryAllocator(MemoryAllocatorInterface):
         shm_name: str | None = None,
         align_bytes: int = AddressManager.ALIGN_BYTES,
         use_hugepages: bool = False,
+        pin: str = "auto",
     ) -> None:
         if not isinstance(device_path, str) or not device_path:
             raise InvalidArgumentError(f"device_path must be a non-empty path, got {device_path!r}")
@@ -191,6 +202,7 @@ class DevDaxMemoryAllocator(MemoryAllocatorInterface):
         self.size = size
         self.device_path = device_path
         self.align_bytes = align_bytes
+        self.pin = check_choice("pin", pin, {c: c for c in DEVDAX_PIN_CHOICES})
         self.host_mem_lock = threading.Lock()
         self.buffer_allocator = BufferAllocator("cpu")
         self._arenas: list[_Arena] = []
@@ -202,7 +214,13 @@ class DevDaxMemoryAllocator(MemoryAllocatorInterface):
             )
         try:
             self._arenas.append(
-                _Arena(device_path, size, align_bytes, is_primary=self.local_allocator is None)
+                _Arena(
+                    device_path,
+                    size,
+                    align_bytes,
+                    is_primary=self.local_allocator is None,
+                    pin=self.pin,
+                )
             )
         except BaseException:
             if local_size and self.local_allocator is not None:
@@ -300,7 +318,9 @@ class DevDaxMemoryAllocator(MemoryAllocatorInterface):
                         f"Device-DAX device {device_path} is already mapped (as "
                         f"{arena.device_path})"
                     )
-            arena = _Arena(device_path, size_in_bytes, self.align_bytes, is_primary=False)
+            arena = _Arena(
+                device_path, size_in_bytes, self.align_bytes, is_primary=False, pin=self.pin
+            )
             self._arenas.append(arena)
             return arena.status()
 

@@ -504,10 +504,11 @@ typedef struct pinmem_span {
 #define PINMEM_REGISTER_POPULATE 4u   /* make the range resident first (contents kept),
                                        * overlapped with the registration of the chunks */
 
-/* The chunk a pool should register len bytes in: *chunk receives a
- * multiple of lcm(unit, 2 MiB) (unit 0 = 2 MiB), about len / 16 so that
- * population and registration overlap (PINMEM_OPT_REGISTER_OVERLAP), at
- * least 256 MiB, at most the PINMEM_OPT_REGISTER_CHUNK option.  When
+/* The chunk a pool should register len bytes in: *chunk receives
+ * lcm(unit, 2 MiB) times a power of two (unit 0 = 2 MiB), the largest not
+ * above about len / 16 (so that population and registration overlap,
+ * PINMEM_OPT_REGISTER_OVERLAP) nor the PINMEM_OPT_REGISTER_CHUNK option,
+ * and not below 256 MiB where those allow.  When
  * lcm(unit, 2 MiB) is above that option the unit cannot be honoured: the
  * chunk is the option's, rounded down to 2 MiB, and objects that would
  * straddle a boundary must be left out by the caller.  2 MiB granularity

@@ -53,9 +53,14 @@ PINMEM_API int pinmem_register_plan(size_t len, size_t unit, size_t *chunk)
         target = limit;
     /* A unit whose multiples cannot fit under the limit is not honoured:
      * the caller leaves out what would straddle a boundary. */
-    size_t base = g <= limit ? g : granule;
-    size_t c = target / base * base;
-    *chunk = c < base ? base : c;
+    size_t c = g <= limit ? g : granule;
+    /* Doubling keeps the chunk a power of two times the base, so one
+     * registering the same memory in chunks of the (power-of-two) option,
+     * as a process attaching a shared pool does, meets no boundary of ours
+     * that is not also its own. */
+    while (c <= target / 2)
+        c *= 2;
+    *chunk = c;
     return PINMEM_OK;
 }
 

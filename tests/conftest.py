@@ -8,12 +8,21 @@ than one folder needs (``hugepage_pool``) are imported from there.
 * ``shm_name``: a fresh POSIX shared-memory name, unlinked afterwards if a
   test left it behind.
 * ``child_env`` / ``python``: for child processes that import this kvpool.
+* ``fake_cudart`` / ``fake_cuda``: the fake CUDA runtime's path, and the
+  runtime loaded as libpinmem's CUDA with its books (``tests/fake_cuda.py``).
+* ``cuda_device``: for ``gpu`` tests: a real device or a skip, and no CUDA
+  error pending before or after the test (``tests/cuda_runtime.py``).
 * ``faults``: libpinmem's test faults (``pinmem_test_set_fault``) and entry
   hooks (``pinmem_test_set_entry_hook``), only in the test build loaded
   below; all switched off after the test.
 * ``_fast_gc`` (session, autouse): objects alive at the start are moved out
   of the cycle collector's way, so the many ``gc.collect()`` calls of the
   leak checks stay cheap.
+* ``pytest -m gpu`` (the mark expression exactly ``gpu``) collects only the
+  test files that hold a ``gpu`` mark: a GPU machine lent for minutes needs
+  no test extra (hypothesis, redis, pyelftools...) and spends no time
+  importing what it would deselect.  The gpu tests' own files import only
+  torch, numpy, cffi and pytest.
 
 It also points ``$KVPOOL_LIBPINMEM`` at libpinmem's *test build*
 (``libpinmem/build/testing/libpinmem.so``: the same sources compiled with
@@ -68,8 +77,21 @@ def _use_test_build() -> None:
 # Before kvpool is imported: it loads libpinmem when it is.
 _use_test_build()
 
+from cuda_runtime import CudaRuntime  # noqa: E402
+from fake_cuda import FakeCuda, build_fake_cudart  # noqa: E402
+
 import kvpool  # noqa: E402
 import kvpool.native  # noqa: E402
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """Under ``-m gpu``, skip importing test files without a ``gpu`` mark (see above)."""
+    if config.getoption("markexpr", "") != "gpu":
+        return None
+    name = collection_path.name
+    if collection_path.is_file() and name.startswith("test_") and name.endswith(".py"):
+        return "mark.gpu" not in collection_path.read_text(errors="replace") or None
+    return None
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -84,6 +106,69 @@ def _fast_gc() -> Iterator[None]:
     gc.freeze()
     yield
     gc.unfreeze()
+
+
+@pytest.fixture(scope="session")
+def fake_cudart(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Path of the fake libcudart (libpinmem/tests/fake_cudart.c), built if missing."""
+    path = build_fake_cudart(tmp_path_factory.mktemp("fakecuda"))
+    if path is None:
+        pytest.skip("the fake CUDA runtime is not built and there is no C compiler")
+    return path
+
+
+@pytest.fixture
+def fake_cuda(fake_cudart: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCuda]:
+    """The fake runtime loaded as libpinmem's CUDA (its knobs cleared, books reset).
+
+    Restores the register options and CUDA discovery afterwards (the test
+    closes its pools first: a reload is refused while CUDA memory is live).
+    """
+    for knob in ("FAIL_REGISTER_N", "MAX_REGISTER_BYTES", "DEVICES", "REGISTER_DELAY_MS"):
+        monkeypatch.delenv(f"KVPOOL_FAKE_CUDA_{knob}", raising=False)
+    # A failed test's traceback (kept for post-mortem) may hold its pools.
+    for name in ("last_type", "last_value", "last_traceback", "last_exc"):
+        with contextlib.suppress(AttributeError):
+            delattr(sys, name)
+    gc.collect()
+    saved = {name: kvpool.native.option_get(name) for name in kvpool.native.OPTIONS}
+    kvpool.native.cuda_reload(str(fake_cudart))
+    books = FakeCuda(fake_cudart)
+    books.reset()
+    yield books
+    gc.collect()
+    for name, value in saved.items():
+        kvpool.native.option_set(name, value)
+    with contextlib.suppress(kvpool.NativeError):
+        kvpool.native.cuda_reload(None)
+
+
+@pytest.fixture
+def cuda_device() -> Iterator[CudaRuntime]:
+    """A real CUDA device (else a skip), and no CUDA error pending before or after the test.
+
+    Any error an earlier test left pending is cleared first, so no test
+    depends on the ones before it; one this test leaves behind fails it
+    (a refused CUDA call must be followed by clearing the error).  Yields
+    the runtime libpinmem uses (torch's).
+    """
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device (torch.cuda.is_available() is False)")
+    torch.cuda.init()  # torch's libcudart is loaded: libpinmem finds it with RTLD_NOLOAD
+    with contextlib.suppress(kvpool.NativeError):  # refused while CUDA memory is live
+        kvpool.native.cuda_reload(None)
+    caps = kvpool.capabilities()
+    if not caps.cuda_available or not caps.cuda_runtime_path:
+        pytest.fail(f"torch sees a GPU but libpinmem does not: {caps.cuda_error}")
+    runtime = CudaRuntime(caps.cuda_runtime_path)
+    runtime.take()
+    torch.cuda.synchronize()
+    yield runtime
+    torch.cuda.synchronize()
+    left = runtime.take()
+    assert left == 0, f"the test left {runtime.name(left)} pending for the next CUDA call"
 
 
 @pytest.fixture

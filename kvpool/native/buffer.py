@@ -67,6 +67,7 @@ from typing import TYPE_CHECKING, Any
 import kvpool.errors as errors
 import kvpool.native.calls as _native
 import kvpool.native.limits as limits
+import kvpool.native.registration as _registration
 from kvpool.native.spec import HostSpec
 from kvpool.native.units import format_bytes
 
@@ -405,6 +406,22 @@ class HostBuffer:
             del owner
         return pinned
 
+    def registrations(self) -> list[tuple[int, int]]:
+        """``(offset, length)`` of each CUDA registration of the mapping, in address order.
+
+        A host range copied to or from a GPU must lie inside one of them
+        (CUDA refuses a copy across two); a cudaHostAlloc mapping is one,
+        unpinned or mlocked memory has none.  Commits add theirs.
+
+        Raises:
+            PoolClosedError: the buffer was closed.
+        """
+        owner = self._handle()  # the mapping stays while it is read
+        try:
+            return _registration.registrations(self.address)
+        finally:
+            del owner
+
     # -------------------------------------------------------------- closing
 
     def _release_name(self) -> bool:
@@ -466,6 +483,7 @@ def allocate_host(
     populate: bool = True,
     threads: int | None = None,
     shm_unlink_on_close: bool = True,
+    register_chunk: int | None = None,
 ) -> HostBuffer:
     """Map ``size`` bytes of host memory and return its owner.
 
@@ -474,9 +492,10 @@ def allocate_host(
             in use (4 KiB, or 2 MiB for hugetlb); ``HostBuffer.size`` stays
             ``size``.
         pin: "auto" -- with a CUDA runtime and a device, cudaHostAlloc for
-            plain memory, cudaHostRegister (in chunks of at most 64 GiB) for
-            NUMA, hugepage or shared memory and at or above 512 GiB; without
-            CUDA, mlock when the memlock limit allows, else not pinned.
+            plain memory below 1 GiB (the ``register_threshold`` option),
+            populate + cudaHostRegister in chunks for NUMA, hugepage or
+            shared memory and from 1 GiB up; without CUDA, mlock when the
+            memlock limit allows, else not pinned.
             "none", "mlock", "cuda-alloc", "cuda-register" ask for one way
             and raise if it is refused.  ``HostBuffer.pinned`` says what was
             done.  Pinning implies populating.
@@ -498,6 +517,11 @@ def allocate_host(
         populate: make every page resident now, with several threads.
         threads: populate threads (default: CPUs available, at most 16).
         shm_unlink_on_close: the creator's close() unlinks the name.
+        register_chunk: bytes per cudaHostRegister call (see
+            :attr:`HostSpec.register_chunk <kvpool.native.spec.HostSpec>`);
+            None: as few calls as the ``register_chunk`` option (64 GiB)
+            allows.  A copy to or from the GPU may not span two
+            registrations; :meth:`HostBuffer.registrations` lists them.
 
     Returns:
         The :class:`HostBuffer` that owns the mapping.
@@ -527,6 +551,7 @@ def allocate_host(
             shm_unlink_on_close=shm_unlink_on_close,
             populate=populate,
             threads=threads,
+            register_chunk=register_chunk,
         )
     )
 
@@ -552,6 +577,7 @@ def allocate_spec(spec: HostSpec) -> HostBuffer:
         shm_name=spec.shm_name,
         shm_reuse=spec.shm_reuse,
         shm_keep=not spec.shm_unlink_on_close,
+        register_chunk=spec.register_chunk,
     )
     return HostBuffer(region, shm_name=spec.shm_name, unlink_on_close=spec.shm_unlink_on_close)
 

@@ -114,7 +114,8 @@ class Region:
         address: base address.
         size: usable bytes (what was asked for).
         mapped_size: bytes mapped, rounded up to the page size in use.
-        kind: "anonymous", "hugetlb", "shm" or "cuda-host".
+        kind: "anonymous", "hugetlb", "shm", "cuda-host" or "external" (a
+            registration of memory libpinmem did not map).
         pinned: "none", "mlock", "cuda-alloc" or "cuda-register": how the
             whole mapping is pinned ("none" while any part of it is not;
             the weakest pinning when parts differ).
@@ -184,6 +185,7 @@ def alloc(
     shm_reuse: bool = False,
     shm_keep: bool = False,
     shm_mode: int = 0o600,
+    register_chunk: int | None = None,
 ) -> Region:
     """Map memory per the arguments (``pinmem_alloc``).
 
@@ -198,6 +200,9 @@ def alloc(
         shm_reuse: replace a leftover segment of that name.
         shm_keep: the free of the creator leaves the name in place.
         shm_mode: permission bits of a new segment.
+        register_chunk: bytes per ``cudaHostRegister`` call, for this mapping
+            and its commits (rounded down to its page size, capped by the
+            ``register_chunk`` option); None: that option.
 
     Returns:
         The new mapping's :class:`Region`.
@@ -223,6 +228,8 @@ def alloc(
     params.populate = 1 if populate else 0
     params.threads = 0 if threads is None else check_int("threads", threads, low=1, high=1024)
     params.shm_mode = check_int("shm_mode", shm_mode, low=0, high=0o7777)
+    if register_chunk is not None:
+        params.register_chunk = check_int("register_chunk", register_chunk, low=1, high=_SIZE_MAX)
     keep_alive = None
     if shm_name is not None:
         keep_alive = ffi.new("char[]", _name(shm_name))

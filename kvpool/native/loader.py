@@ -151,6 +151,7 @@ KINDS: dict[int, str] = {
     lib.PINMEM_KIND_HUGETLB: "hugetlb",
     lib.PINMEM_KIND_SHM: "shm",
     lib.PINMEM_KIND_CUDA_HOST: "cuda-host",
+    lib.PINMEM_KIND_EXTERNAL: "external",
 }
 
 #: How pages were made resident.

@@ -44,6 +44,12 @@ class HostSpec:
         shm_unlink_on_close: the creator's close() removes the name.
         populate: make every page resident now (pinning always does).
         threads: populate threads, or None for the default (CPUs, at most 16).
+        register_chunk: bytes per ``cudaHostRegister`` call when the mapping
+            (or a commit of it) is registered with CUDA, or None for as few
+            calls as the ``register_chunk`` option allows.  A copy may not
+            span two registrations, so a pool passes a multiple of its unit
+            (:func:`kvpool.native.registration.register_plan`) and keeps
+            its objects inside one.
 
     Raises:
         InvalidArgumentError: any field of the wrong type or out of range
@@ -59,6 +65,7 @@ class HostSpec:
     shm_unlink_on_close: bool = True
     populate: bool = True
     threads: int | None = None
+    register_chunk: int | None = None
 
     def __post_init__(self) -> None:
         # Plain ints from here on (a numpy integer would overflow in arithmetic).
@@ -77,6 +84,9 @@ class HostSpec:
             object.__setattr__(
                 self, "threads", check_int("threads", self.threads, low=1, high=1024)
             )
+        if self.register_chunk is not None:
+            chunk = check_int("register_chunk", self.register_chunk, low=1, high=_SIZE_MAX)
+            object.__setattr__(self, "register_chunk", chunk)
 
     def replace(self, **changes: Any) -> HostSpec:
         """A copy with some fields changed (validated again)."""

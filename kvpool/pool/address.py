@@ -23,6 +23,13 @@ the number of holes (10,000 holes: ~170 us per call).  Here placement is
 * neighbours are found through two dicts keyed by hole start and hole
   end, so ``free`` coalesces in O(1).
 
+Barriers: a pool registered with CUDA in chunks tells its manager where
+the chunks meet (:meth:`AddressManager.add_barriers`); no extent it hands
+out crosses one, since a GPU copy across two registrations fails.  Holes
+are split at barriers and never merge across one; the top may span them,
+and carving from it skips to the next barrier when the request would cross
+one (the bytes skipped become holes).  See :mod:`kvpool.pool.barriers`.
+
 Safety: every live allocation is recorded (start -> size).  ``free`` only
 accepts whole allocations (or a run of adjacent whole allocations, as
 ``batched_free`` produces), so a double free, a free of a range that was
@@ -38,15 +45,16 @@ acquisition covers the pool's own state and the placement.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from kvpool.checks import check_batch_size as _check_batch_size
 from kvpool.checks import check_int, check_optional_int, check_power_of_two, check_size
 from kvpool.errors import AddressSpaceExhaustedError, InvalidArgumentError, InvalidHandleError
+from kvpool.pool.address_batch import BatchPlacement
+from kvpool.pool.address_check import AddressState, address_problems, describe_bad_free
+from kvpool.pool.barriers import Barriers, TopPlan, plan_top
 from kvpool.pool.size_classes import EXACT_LIMIT as _EXACT_LIMIT
 from kvpool.pool.size_classes import fit_class as _fit_class
 from kvpool.pool.size_classes import size_class as _size_class
@@ -68,7 +76,7 @@ class FreeBlock:
         return self.start + self.size == succ.start
 
 
-class AddressManager:
+class AddressManager(BatchPlacement):
     """Allocator of aligned extents in a growable address space ``[0, size)``.
 
     Args:
@@ -118,6 +126,10 @@ class AddressManager:
         self.lock = threading.Lock()
         #: Bytes currently handed out (aligned sizes); exact, kept under the lock.
         self.total_allocated_size = 0
+        # Offsets no extent may cross (CUDA registration boundaries), and the
+        # longest extent that fits between two of them.
+        self._barriers = Barriers()
+        self._widest = max_size if max_size is not None else 1 << 64
 
     # ------------------------------------------------------------------
     # hole primitives (caller holds the lock)
@@ -241,15 +253,21 @@ class AddressManager:
                 self._bitmap &= ~(1 << cls)
             block = self._hole_start.pop(start)
             del self._hole_end[start + block]
-        elif self._size - self._top >= aligned:
+        elif self._size - self._top >= aligned and (
+            not self._barriers or not self._barriers.crosses(self._top, self._top + aligned)
+        ):
             start = self._top
             self._top = start + aligned
             block = aligned
         else:
             hole = self._take_tight_hole(units)
-            if hole is None:
+            if hole is not None:
+                start, block = hole
+            elif self._barriers:  # past the barriers in the top, if it fits there
+                start = self._carve_top(aligned, 1, size)[0][0]
+                block = aligned
+            else:
                 raise self._exhausted(size, aligned)
-            start, block = hole
         if block > aligned:  # a hole larger than asked for: keep the rest free
             self._add_hole(start + aligned, block - aligned)
         self._live[start] = aligned
@@ -264,104 +282,21 @@ class AddressManager:
             f"{self._num_free_blocks()} blocks); free objects or grow the pool"
         )
 
-    def batched_allocate(self, size: int, batch_size: int) -> list[tuple[int, int]]:
-        """Allocate ``batch_size`` extents of ``size`` bytes, all or nothing.
+    def _top_plan(self, aligned: int, count: int) -> TopPlan | None:
+        """:func:`~kvpool.pool.barriers.plan_top` for this top (None: it cannot hold them)."""
+        if aligned > self._widest:
+            return None  # fits between no two barriers: fail at once
+        return plan_top(self._barriers, self._top, self._size, aligned, count)
 
-        Chunks are carved consecutively from one free block when one can
-        hold the whole batch (a hole first, else the top); otherwise from
-        several blocks, smallest suitable first.  On failure nothing is
-        allocated.
-
-        Args:
-            size: bytes per extent, > 0.
-            batch_size: number of extents, >= 0 (0 returns ``[]``).
-
-        Returns:
-            ``batch_size`` tuples ``(address, aligned_size)``.
-
-        Raises:
-            InvalidArgumentError: bad ``size`` (BatchSizeError: bad ``batch_size``).
-            AddressSpaceExhaustedError: the free space cannot hold the batch.
-
-        Complexity: O(batch_size) when one block suffices, else
-        O(batch_size + free blocks).
-        """
-        _check_batch_size(batch_size)
-        if size.__class__ is not int or size <= 0:
-            size = check_size("size", size)
-        if batch_size == 0:
-            return []
-        lock = self.lock
-        lock.acquire()
-        try:
-            return self.batched_allocate_locked(size, batch_size)
-        finally:
-            lock.release()
-
-    def batched_allocate_locked(self, size: int, batch_size: int) -> list[tuple[int, int]]:
-        """:meth:`batched_allocate` for callers that already hold ``_lock``.
-
-        ``size`` must already be a positive int and ``batch_size`` > 0.
-        """
-        aligned = (size + self._mask) & ~self._mask
-        total = aligned * batch_size
-        hole = self._take_hole(total >> self._shift)
-        if hole is not None:
-            pieces = [hole]
-        elif self._size - self._top >= total:
-            pieces = [(self._top, total)]
-            self._top += total
-        else:
-            hole = self._take_tight_hole(total >> self._shift)
-            pieces = [hole] if hole is not None else self._gather(aligned, batch_size)
-        live = self._live
-        out: list[tuple[int, int]] = []
-        remaining = batch_size
-        for start, block in pieces:
-            count = min(remaining, block // aligned)
-            for addr in range(start, start + count * aligned, aligned):
-                live[addr] = aligned
-                out.append((addr, aligned))
-            used = count * aligned
-            if block > used:
-                self._add_hole(start + used, block - used)
-            remaining -= count
-        self.total_allocated_size += total
-        return out
-
-    def _gather(self, aligned: int, batch_size: int) -> list[tuple[int, int]]:
-        """Take free blocks that together hold ``batch_size`` chunks.
-
-        Holes smallest class first (fills holes before cutting the top),
-        then the top.  Checks before it changes anything, so on failure
-        the free structures are untouched.
-        """
-        need = batch_size
-        picked: list[tuple[int, int]] = []
-        units = aligned >> self._shift
-        cls = units if units < _EXACT_LIMIT else _size_class(units)
-        bits = self._bitmap >> cls
-        while bits and need > 0:
-            if bits & 1:
-                for start in self._bins[cls]:
-                    block = self._hole_start[start]
-                    fits = block // aligned
-                    if fits:
-                        picked.append((start, block))
-                        need -= fits
-                        if need <= 0:
-                            break
-            bits >>= 1
-            cls += 1
-        top_fits = (self._size - self._top) // aligned
-        if need > top_fits:
-            raise self._exhausted(aligned, aligned, batch_size)
-        for start, block in picked:
-            self._drop_hole(start, block)
-        if need > 0:
-            picked.append((self._top, need * aligned))
-            self._top += need * aligned
-        return picked
+    def _carve_top(self, aligned: int, count: int, size: int) -> list[tuple[int, int]]:
+        """Take ``count`` extents from the top, skipping barriers; raise when it cannot."""
+        placed = self._top_plan(aligned, count)
+        if placed is None:
+            raise self._exhausted(size, aligned, count)
+        pieces, gaps, self._top = placed
+        for start, block in gaps:
+            self._add_hole(start, block)
+        return pieces
 
     def free(self, address: int, size: int) -> None:
         """Return an allocated extent (or a run of adjacent ones).
@@ -404,64 +339,29 @@ class AddressManager:
         self._give_back(address, end)
 
     def _give_back(self, start: int, end: int) -> None:
-        """Make ``[start, end)`` free, coalescing with its free neighbours."""
+        """Make ``[start, end)`` free, coalescing with its free neighbours.
+
+        Holes never merge across a barrier; the top does (it may span them),
+        so a range freed at the top takes every hole that then ends there.
+        """
+        barriers = self._barriers
         left = self._hole_end.get(start)
-        if left is not None:
+        if left is not None and start not in barriers:
             self._drop_hole(left, start - left)
             start = left
         if end == self._top:
+            while left is not None:  # holes meeting at barriers join the top
+                left = self._hole_end.get(start)
+                if left is not None:
+                    self._drop_hole(left, start - left)
+                    start = left
             self._top = start
             return
         right = self._hole_start.get(end)
-        if right is not None:
+        if right is not None and end not in barriers:
             self._drop_hole(end, right)
             end += right
         self._add_hole(start, end - start)
-
-    def batched_free_locked(self, ranges: Iterable[tuple[int, int]]) -> int:
-        """Free many ``(address, size)`` ranges; caller holds ``_lock``.
-
-        Every range is validated before anything changes, so a bad entry
-        (or the same allocation listed twice) raises
-        :class:`InvalidHandleError` with the state untouched.  Adjacent
-        ranges are merged before coalescing, so freeing a consecutive batch
-        costs one coalescing step, not one per range.
-
-        Returns:
-            The number of ranges freed.
-
-        Complexity: O(k log k) for k ranges.
-        """
-        live = self._live
-        starts: list[int] = []
-        count = 0
-        for address, size in ranges:
-            count += 1
-            if address.__class__ is int and size.__class__ is int and live.get(address) == size:
-                starts.append(address)
-            else:
-                starts.extend(self._run_starts(address, size)[1])
-        if not starts:
-            return 0
-        starts.sort()
-        for prev, cur in itertools.pairwise(starts):
-            if prev == cur:
-                raise InvalidHandleError(
-                    f"batched free: the allocation at address {cur} is listed twice; "
-                    "each object can be freed once"
-                )
-        freed = 0
-        run_start = run_end = starts[0]
-        for start in starts:
-            size = live.pop(start)
-            freed += size
-            if start != run_end:
-                self._give_back(run_start, run_end)
-                run_start = start
-            run_end = start + size
-        self._give_back(run_start, run_end)
-        self.total_allocated_size -= freed
-        return count
 
     def _run_starts(self, address: int, size: int) -> tuple[int, list[int]]:
         """Aligned size and starts of the live allocations tiling ``[address, +size)``.
@@ -481,7 +381,7 @@ class AddressManager:
         while pos < end:
             chunk = live.get(pos)
             if chunk is None:
-                raise InvalidHandleError(self._describe_bad_free(address, aligned, pos))
+                raise InvalidHandleError(describe_bad_free(self._state(), address, aligned, pos))
             starts.append(pos)
             pos += chunk
         if pos != end:
@@ -491,24 +391,51 @@ class AddressManager:
             )
         return aligned, starts
 
-    def _describe_bad_free(self, address: int, aligned: int, pos: int) -> str:
-        head = f"free(address={address}, size={aligned})"
-        if address < 0 or address + aligned > self._size:
-            return f"{head}: out of bounds of the address space [0, {self._size})"
-        if address & self._mask:
-            return f"{head}: address is not a multiple of the alignment {self._align}"
-        if address + aligned > self._top:
-            return (
-                f"{head}: overlaps the free top region [{self._top}, {self._size}) - "
-                "a double free or a wrong address"
-            )
-        for start, block in self._hole_start.items():
-            if start < address + aligned and address < start + block:
-                return (
-                    f"{head}: overlaps the free block [{start}, {start + block}) - "
-                    "a double free or a wrong address"
+    def add_barriers(self, offsets: Iterable[int]) -> None:
+        """Make ``offsets`` barriers: no extent handed out from now on crosses one.
+
+        Args:
+            offsets: byte offsets, multiples of the alignment (CUDA
+                registration boundaries, :mod:`kvpool.pool.barriers`); ones
+                beyond the space count once ``sbrk`` reaches them.
+
+        Raises:
+            InvalidArgumentError: an offset that is not an int >= 0 and a
+                multiple of the alignment, or that a live allocation crosses
+                (nothing changes then).
+
+        Complexity: O(holes + live allocations) when an offset lies below
+        the top, O(n log n) in the barriers otherwise.
+        """
+        with self.lock:
+            self.add_barriers_locked(offsets)
+
+    def add_barriers_locked(self, offsets: Iterable[int]) -> None:
+        """:meth:`add_barriers` for a caller that holds the manager's lock."""
+        new = [check_int("barrier offset", b, low=0) for b in offsets]
+        for b in new:
+            if b & self._mask:
+                raise InvalidArgumentError(
+                    f"barrier offset {b} is not a multiple of the alignment {self._align}; "
+                    "register the memory in chunks that are multiples of it"
                 )
-        return f"{head}: no live allocation starts at {pos}; free only what allocate() returned"
+        below = [b for b in new if b < self._top]  # above it nothing is placed
+        for start, size in self._live.items() if below else ():
+            for b in below:
+                if start < b < start + size:
+                    raise InvalidArgumentError(
+                        f"barrier {b} falls inside the live allocation [{start}, +{size}); "
+                        "add barriers before the space around them is handed out"
+                    )
+        for b in below:  # a hole across it becomes two
+            for start, size in list(self._hole_start.items()):
+                if start < b < start + size:
+                    self._drop_hole(start, size)
+                    self._add_hole(start, b - start)
+                    self._add_hole(b, start + size - b)
+        self._barriers.add(new)
+        if self._max_size is not None:
+            self._widest = self._barriers.longest_gap(self._max_size)
 
     def sbrk(self, size: int) -> None:
         """Grow the address space by ``size`` bytes (aligned up).
@@ -564,6 +491,8 @@ class AddressManager:
     def largest_free_locked(self) -> int:
         """:meth:`largest_free_block` for a caller that holds the manager's lock."""
         largest = self._size - self._top
+        if self._barriers and largest:
+            largest = self._barriers.longest_run(self._top, self._size)
         if self._bitmap:
             top_cls = self._bitmap.bit_length() - 1
             largest = max(largest, max(self._hole_start[s] for s in self._bins[top_cls]))
@@ -615,13 +544,9 @@ class AddressManager:
     def invariant_problems(self) -> list[str]:
         """Describe every broken invariant; an empty list when all hold.
 
-        Checked: holes are aligned, in bounds, below the top, neither
-        overlapping nor touching (they are coalesced, also with the top);
-        each sits in the class its size maps to and the bitmap marks
-        exactly the non-empty classes; the end index mirrors the start
-        index; live allocations are aligned and, with the holes and the
-        top, tile ``[0, size)`` exactly; the allocated-bytes counter
-        matches the live allocations.
+        See :func:`kvpool.pool.address_check.address_problems`: holes and
+        live allocations tile the space, coalesced except at barriers, none
+        crossing a barrier; the size classes, indexes and counter agree.
 
         Complexity: O(n log n) in the number of holes and allocations.
         """
@@ -634,60 +559,22 @@ class AddressManager:
 
     def problems_locked(self) -> list[str]:
         """:meth:`invariant_problems` for a caller that holds the manager's lock."""
-        problems: list[str] = []
-        holes = sorted(self._hole_start.items())
-        if len(self._hole_end) != len(holes):
-            problems.append(f"end index has {len(self._hole_end)} holes, start index {len(holes)}")
-        if not 0 <= self._top <= self._size:
-            problems.append(f"top {self._top} is outside [0, {self._size}]")
-        bitmap = 0
-        in_bins = 0
-        for cls, members in enumerate(self._bins):
-            if members:
-                bitmap |= 1 << cls
-            in_bins += len(members)
-            for start in members:
-                size = self._hole_start.get(start)
-                if size is None:
-                    problems.append(f"class {cls} lists a hole at {start} that is not free")
-                elif _size_class(size >> self._shift) != cls:
-                    problems.append(f"hole [{start}, +{size}) is binned in class {cls}")
-        if bitmap != self._bitmap:
-            problems.append(f"class bitmap {self._bitmap:#x} should be {bitmap:#x}")
-        if in_bins != len(holes):
-            problems.append(f"{in_bins} holes in the classes, {len(holes)} in the start index")
-        prev_end = -1
-        for start, size in holes:
-            if size <= 0 or start & self._mask or start < 0 or start + size > self._top:
-                problems.append(f"hole [{start}, +{size}) is empty, unaligned or above the top")
-            if start < prev_end:
-                problems.append(f"hole at {start} overlaps the hole before it")
-            elif start == prev_end:
-                problems.append(f"hole at {start} touches the hole before it (not coalesced)")
-            if self._hole_end.get(start + size) != start:
-                problems.append(f"end index does not map {start + size} back to hole {start}")
-            prev_end = start + size
-        if prev_end == self._top:
-            problems.append(f"the hole ending at {prev_end} touches the top (not merged into it)")
-        total_live = 0
-        for start, size in self._live.items():
-            if size <= 0 or start & self._mask or size & self._mask:
-                problems.append(f"live allocation [{start}, +{size}) is empty or unaligned")
-            total_live += size
-        if total_live != self.total_allocated_size:
-            problems.append(
-                f"allocated-bytes counter {self.total_allocated_size} != live total {total_live}"
-            )
-        pos = 0
-        for start, size in sorted(holes + list(self._live.items())):
-            if start != pos:
-                problems.append(f"holes and allocations do not tile the space at {pos}")
-                break
-            pos = start + size
-        else:
-            if pos != self._top:
-                problems.append(f"holes and allocations end at {pos}, the top is at {self._top}")
-        return problems
+        return address_problems(self._state())
+
+    def _state(self) -> AddressState:
+        return AddressState(
+            self._size,
+            self._top,
+            self._mask,
+            self._shift,
+            self._hole_start,
+            self._hole_end,
+            self._bins,
+            self._bitmap,
+            self._live,
+            self.total_allocated_size,
+            self._barriers,
+        )
 
     def __repr__(self) -> str:
         return (

@@ -27,6 +27,7 @@ from kvpool.errors import (
     OutOfMemoryError,
 )
 from kvpool.formats import MAX_LAYOUT_BYTES
+from kvpool.native.registration import register_plan
 from kvpool.native.spec import HostSpec
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "HostBacking",
     "TorchBacking",
     "default_hugepages",
+    "pool_register_chunk",
     "torch_allocation_error",
 ]
 
@@ -100,6 +102,27 @@ class Backing:
         """What the memory is (kind, pinning, pages, node...), for reports."""
         raise NotImplementedError
 
+    def registrations(self) -> list[tuple[int, int]]:
+        """``(offset, length)`` of each CUDA registration of the memory, in address order.
+
+        A GPU copy of a range must stay inside one (see
+        :mod:`kvpool.pool.barriers`): the pool's placement keeps every
+        object inside one.  Empty for memory with no registration
+        boundary inside it (unpinned, mlocked, device memory).
+        """
+        return []
+
+
+def pool_register_chunk(size: int, unit: int) -> int:
+    """The ``register_chunk`` a pool of ``size`` bytes asks for: a multiple of its ``unit``.
+
+    See :func:`kvpool.native.registration.register_plan`: about a sixteenth
+    of the pool (so population and registration overlap), at least 256 MiB,
+    at most the ``register_chunk`` option, and a power of two times
+    ``lcm(unit, 2 MiB)``, so that objects of ``unit`` bytes pack with no loss.
+    """
+    return register_plan(size, unit)
+
 
 class HostBacking(Backing):
     """Host memory from libpinmem, made as a :class:`~kvpool.native.spec.HostSpec` says.
@@ -151,6 +174,12 @@ class HostBacking(Backing):
         self.view = None
         self.tensor = _EMPTY
         self.buffer.close()
+
+    def registrations(self) -> list[tuple[int, int]]:
+        """The mapping's CUDA registrations (see :meth:`Backing.registrations`); [] once closed."""
+        if self.buffer.closed:
+            return []
+        return self.buffer.registrations()
 
     def describe(self) -> dict[str, Any]:
         """Kind, size, pinning, pages, NUMA node and shm name of the mapping."""

@@ -8,10 +8,22 @@ memfd) and hands it to a pool like any other backing.
 Capacity is checked before mapping: a regular file must be at least as
 large as the mapping (beyond its end a touch would raise SIGBUS); for a
 character device the size comes from ``/sys/dev/char/MAJ:MIN/size`` where
-sysfs has it.  With CUDA the mapping is registered with
-``cudaHostRegister`` (and unregistered at close); without it the memory is
-used as is.  Views keep the mapping alive: ``close()`` closes the device
-and drops the backing's hold, and the mapping goes with the last view.
+sysfs has it.
+
+CUDA: the mapping is registered through libpinmem, the one path of every
+``cudaHostRegister`` of kvpool (:func:`kvpool.native.registration.register_host`:
+chunked, rolled back when refused part-way, the runtime's last error
+cleared so no later CUDA call of the thread fails with it).  Whether the
+driver accepts it depends on the kernel, not on kvpool: the NVIDIA driver
+pins the pages with ``pin_user_pages(FOLL_LONGTERM | FOLL_WRITE)``, which
+Linux refuses for a shared mapping of a file whose file system tracks dirty
+pages (ext4, xfs... since Linux 6.5) and for file-system DAX; a Device-DAX
+character device, a memfd and a tmpfs file register.  With ``pin="auto"`` a
+refusal leaves the arena usable and unpinned (copies to and from the GPU are
+pageable, slower) with one warning that names the CUDA error; with
+``pin="cuda-register"`` it raises.  Views keep the mapping alive:
+``close()`` unregisters, closes the device and drops the backing's hold,
+and the mapping goes with the last view.
 """
 
 from __future__ import annotations
@@ -25,11 +37,18 @@ from typing import Any
 
 import torch
 
-from kvpool.checks import check_size
-from kvpool.errors import DeviceNotFoundError, InvalidArgumentError, NativeError
+from kvpool.checks import check_choice, check_size
+from kvpool.errors import (
+    DeviceNotFoundError,
+    FeatureUnavailableError,
+    InvalidArgumentError,
+    NativeError,
+    OutOfMemoryError,
+)
+from kvpool.native.registration import register_host
 from kvpool.pool.backing import Backing
 
-__all__ = ["DevDaxBacking", "check_device_path", "device_identity"]
+__all__ = ["DEVDAX_PIN_CHOICES", "DevDaxBacking", "check_device_path", "device_identity"]
 
 logger = logging.getLogger("kvpool")
 
@@ -80,20 +99,37 @@ def _capacity(fd: int, info: os.stat_result) -> int | None:
         return info.st_size or None
 
 
-def _cuda_register(address: int, size: int) -> bool:
-    if not torch.cuda.is_available():
-        return False
-    status = torch.cuda.cudart().cudaHostRegister(address, size, 0)
-    if int(status) != 0:
+#: What ``pin`` a Device-DAX backing takes.
+DEVDAX_PIN_CHOICES = ("auto", "none", "cuda-register")
+
+# Mappings whose unregistration failed: the driver may still use their pages,
+# so they are never unmapped (a leak, not a crash).
+_UNREGISTER_FAILED: list[mmap.mmap] = []
+
+
+def _register(address: int, size: int, path: str, pin: str, chunk: int | None) -> Any:
+    """Register the mapping with CUDA as ``pin`` says; the Registration, or None."""
+    if pin == "none":
+        return None
+    try:
+        return register_host(address, size, chunk=chunk)
+    except FeatureUnavailableError:
+        if pin == "cuda-register":
+            raise
+        return None  # no CUDA here: used as is, like any host pool without CUDA
+    except (NativeError, OutOfMemoryError) as exc:
+        if pin == "cuda-register":
+            raise
         logger.warning(
-            "cudaHostRegister of the Device-DAX mapping at %#x (%d bytes) failed (%s); "
-            "copies to the GPU will be pageable",
-            address,
+            "kvpool: CUDA refused to register the Device-DAX mapping of %s (%d bytes): %s. "
+            "The arena works unpinned (GPU copies are pageable, slower). A shared mapping of "
+            "a file on ext4/xfs cannot be pinned for the GPU since Linux 6.5; a Device-DAX "
+            "device, a memfd or a tmpfs file can (see docs/troubleshooting.md)",
+            path,
             size,
-            status,
+            getattr(exc, "detail", "") or exc,
         )
-        return False
-    return True
+        return None
 
 
 class DevDaxBacking(Backing):
@@ -103,18 +139,34 @@ class DevDaxBacking(Backing):
         device_path: the device (``/dev/dax0.0``), a regular file, or
             ``/proc/self/fd/N`` of a memfd.
         size: bytes to map, > 0, at most the device's capacity.
+        pin: "auto" (register with CUDA when a runtime and a device are
+            there; a refusal leaves it unpinned, with one warning), "none",
+            or "cuda-register" (a refusal raises).
+        register_chunk: bytes per ``cudaHostRegister`` call (a pool passes
+            a multiple of its alignment); None: the ``register_chunk`` option.
 
     Raises:
-        InvalidArgumentError: bad size, a size beyond the capacity, or a path
-            that is neither a character device nor a regular file.
+        InvalidArgumentError: bad size or pin, a size beyond the capacity, or
+            a path that is neither a character device nor a regular file.
         OSError: the device cannot be opened or mapped.
+        FeatureUnavailableError: ``pin="cuda-register"`` without CUDA.
+        NativeError: ``pin="cuda-register"`` and the driver refused (the
+            message names the CUDA error); nothing stays registered.
     """
 
-    def __init__(self, device_path: str, size: int) -> None:
+    def __init__(
+        self,
+        device_path: str,
+        size: int,
+        *,
+        pin: str = "auto",
+        register_chunk: int | None = None,
+    ) -> None:
         self.device_path = check_device_path(device_path)
         self.size = check_size("size", size)
+        check_choice("pin", pin, dict.fromkeys(DEVDAX_PIN_CHOICES))
         self._closed = False
-        self._registered = False
+        self._registration: Any = None
         try:
             fd = os.open(device_path, os.O_RDWR | os.O_CLOEXEC)
         except OSError as exc:
@@ -148,7 +200,13 @@ class DevDaxBacking(Backing):
         self.view: memoryview | None = memoryview(self._mmap)
         self.tensor = torch.frombuffer(self.view, dtype=torch.uint8)
         self.base_address = self.tensor.data_ptr()
-        self._registered = _cuda_register(self.base_address, size)
+        try:
+            self._registration = _register(
+                self.base_address, size, device_path, pin, register_chunk
+            )
+        except BaseException:
+            self.close()
+            raise
 
     @property
     def closed(self) -> bool:
@@ -158,7 +216,12 @@ class DevDaxBacking(Backing):
     @property
     def pinned(self) -> str:
         """ "cuda-register" when registered with CUDA, else "none"."""
-        return "cuda-register" if self._registered else "none"
+        return "cuda-register" if self._registration is not None else "none"
+
+    def registrations(self) -> list[tuple[int, int]]:
+        """``(offset, length)`` of each CUDA registration call (see ``Backing.registrations``)."""
+        registration = self._registration
+        return registration.spans() if registration is not None else []
 
     def contains(self, address: int) -> bool:
         """True when ``address`` lies in the mapping."""
@@ -169,18 +232,23 @@ class DevDaxBacking(Backing):
         if self._closed:
             return
         self._closed = True
-        if self._registered:
-            self._registered = False
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
-                torch.cuda.cudart().cudaHostUnregister(self.base_address)
-        os.close(self._fd)
+        registration, self._registration = self._registration, None
         mapping, self._mmap = self._mmap, None
+        if registration is not None:
+            if torch.cuda.is_initialized():
+                torch.cuda.synchronize()  # no copy from the arena may still be in flight
+            try:
+                registration.close()
+            except NativeError as exc:
+                logger.error("kvpool: %s; the mapping of %s is kept", exc, self.device_path)
+                _UNREGISTER_FAILED.append(mapping)  # type: ignore[arg-type]
+        os.close(self._fd)
         self.view = None
         self.tensor = _EMPTY
         # With a view alive the mapping goes with the last one instead.
         with contextlib.suppress(BufferError):
-            mapping.close()  # type: ignore[union-attr]
+            if mapping is not None and mapping not in _UNREGISTER_FAILED:
+                mapping.close()
 
     def describe(self) -> dict[str, Any]:
         """Kind, size, path and pinning."""

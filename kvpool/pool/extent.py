@@ -288,6 +288,10 @@ class TensorMemoryAllocator(PlacementPolicy):
         if self._usage is not None:
             self._report_usage_locked()
 
+    def _add_barriers_locked(self, offsets: list[int]) -> None:
+        # Extents never cross them (the manager raises for an unaligned one).
+        self.address_manager.add_barriers_locked(offsets)
+
     def batched_free(
         self,
         memory_objs: list[MemoryObj] = REQUIRED,

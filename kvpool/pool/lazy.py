@@ -63,7 +63,7 @@ from kvpool.native.numa import resolve_numa_node
 from kvpool.native.spec import HostSpec
 from kvpool.native.units import format_bytes
 from kvpool.pool.address import AddressManager
-from kvpool.pool.backing import HostBacking, default_hugepages
+from kvpool.pool.backing import HostBacking, default_hugepages, pool_register_chunk
 from kvpool.pool.objects import MemoryObj
 from kvpool.pool.policy import PlacementSpec
 from kvpool.pool.pools import TENSOR_FORMATS, MemoryPool, check_align_bytes
@@ -108,8 +108,9 @@ class LazyMemoryAllocator(MemoryPool):
     """
 
     #: LMCache pins growth in pieces of this size; kvpool pins each step in
-    #: one commit (libpinmem splits CUDA registrations itself), so this is
-    #: kept for LMCache's API only.
+    #: one commit, registered in chunks that are multiples of the alignment
+    #: (no object straddles two registrations), so this is kept for
+    #: LMCache's API only.
     PIN_CHUNK_SIZE = 1 << 26
     #: The default growth step: the usable space grows by this much at a time.
     COMMIT_SIZE = 1 << 30
@@ -148,7 +149,8 @@ class LazyMemoryAllocator(MemoryPool):
         init_size = check_int(
             "init_size", init_size, low=1, high=size, fix="0 < init_size <= final_size"
         )
-        # Reserved, not populated: the growth commits (populates and pins) it.
+        # Reserved, not populated: the growth commits (populates and pins) it,
+        # each step registered in chunks that are multiples of the alignment.
         spec = HostSpec(
             size,
             pin="none",
@@ -157,6 +159,7 @@ class LazyMemoryAllocator(MemoryPool):
             hugepages="required"
             if check_bool("use_hugepages", use_hugepages)
             else default_hugepages(),
+            register_chunk=pool_register_chunk(step_size, align_bytes),
         )
         backing = HostBacking(spec)
         try:
@@ -221,6 +224,8 @@ class LazyMemoryAllocator(MemoryPool):
                 if not self._room_for(step, buffer.kind == "hugetlb"):
                     break
                 buffer.commit(self._committed, step)
+                # The step's registrations are barriers before its space is used.
+                self.allocator.respect_registrations(buffer.registrations())
                 usable = min(self._committed + step, self.size) - am.get_heap_size()
                 if usable > 0:
                     am.sbrk(usable)  # type: ignore[union-attr]

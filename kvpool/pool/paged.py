@@ -152,6 +152,10 @@ class PagedTensorMemoryAllocator(PlacementPolicy):
         # reuse gives a freed handle time to be dropped by its last user.
         self._queue: list[TensorMemoryObj | int] = list(range(self._num_pages))
         self._head = 0
+        # Pages that straddle a CUDA registration boundary: never handed out
+        # (a GPU copy of one would fail); _usable counts the others.
+        self._excluded: set[int] = set()
+        self._usable = self._num_pages
         # The request that matches the page layout exactly, for a cheap test.
         self._default_shape = shape_list[0] if len(shape_list) == 1 else None
         self._default_dtype = dtype_list[0] if len(dtype_list) == 1 else None
@@ -181,17 +185,22 @@ class PagedTensorMemoryAllocator(PlacementPolicy):
     @property
     def num_active_allocations(self) -> int:
         """Pages of live objects (derived from the free queue, less pages only views hold)."""
-        return self._num_pages - self._free_count() - self._held_count
+        return self._usable - self._free_count() - self._held_count
 
     @property
     def total_allocated_size(self) -> int:
         """Bytes in pages in use."""
-        return (self._num_pages - self._free_count()) * self.align_bytes
+        return (self._usable - self._free_count()) * self.align_bytes
 
     @property
     def num_pages(self) -> int:
-        """Pages in the pool."""
+        """Pages in the pool (page ``i`` starts at byte ``i * align_bytes``)."""
         return self._num_pages
+
+    @property
+    def excluded_pages(self) -> list[int]:
+        """Pages never handed out: each straddles a CUDA registration boundary."""
+        return sorted(self._excluded)
 
     @property
     def free_blocks(self) -> list[int]:
@@ -220,10 +229,10 @@ class PagedTensorMemoryAllocator(PlacementPolicy):
             self._drain_dropped_locked()
             self._raise_leaks()
             free = self._free_count()
-            used = self._num_pages - free
+            used = self._usable - free
             # Any free page fits any allocation: no external fragmentation.
             return PoolStats(
-                self.buffer_size,
+                self._usable * self.align_bytes,
                 used * self.align_bytes,
                 free * self.align_bytes,
                 used - self._held_count,
@@ -533,6 +542,30 @@ class PagedTensorMemoryAllocator(PlacementPolicy):
         for obj in viewed:
             self._report_views_outlive(obj)
 
+    def _add_barriers_locked(self, offsets: list[int]) -> None:
+        # Pages with a boundary strictly inside them leave the free queue for
+        # good; with chunks that are multiples of the page there are none.
+        page = self.align_bytes
+        across = {b // page for b in offsets if b % page and b // page < self._num_pages}
+        across -= self._excluded
+        if not across:
+            return
+        free = set(self.free_blocks)
+        busy = sorted(across - free)
+        if busy:
+            raise InvalidArgumentError(
+                f"registration boundaries fall inside pages {busy[:4]} that are in use; a pool "
+                "learns its boundaries before it hands out pages"
+            )
+        self._queue = [
+            e
+            for e in self._queue[self._head :]
+            if (e if e.__class__ is int else e.page) not in across  # type: ignore[union-attr]
+        ]
+        self._head = 0
+        self._excluded |= across
+        self._usable = self._num_pages - len(self._excluded)
+
     # -- lifecycle and checks -----------------------------------------
 
     def _forget_memory_locked(self) -> None:
@@ -545,7 +578,8 @@ class PagedTensorMemoryAllocator(PlacementPolicy):
 
         Checks that the free pages are distinct and in range, that each
         queued handle is invalid and belongs to the page it is queued with,
-        and that the pin counter is within ``[0, pages in use]``.
+        that no page across a registration boundary is free to take, and
+        that the pin counter is within ``[0, pages in use]``.
 
         Returns:
             True when all hold; on failure the broken invariant is logged.
@@ -568,10 +602,14 @@ class PagedTensorMemoryAllocator(PlacementPolicy):
                     problems.append(f"queued handle {obj!r} is live or not this pool's")
             if any(e.__class__ is not int for e in self._queue[:head]):
                 problems.append("the consumed part of the queue still holds handles")
-            if not 0 <= self._held_count <= self._num_pages - len(pages):
+            if not 0 <= self._held_count <= self._usable - len(pages):
                 problems.append(f"{self._held_count} view-held pages, more than in use")
-            if not 0 <= self._pinned <= self._num_pages - len(pages):
+            if not 0 <= self._pinned <= self._usable - len(pages):
                 problems.append(f"pin counter {self._pinned} out of range")
+            if self._excluded.intersection(pages):
+                problems.append("a page across a registration boundary is in the free queue")
+            if self._usable != self._num_pages - len(self._excluded):
+                problems.append(f"{self._usable} usable pages, {len(self._excluded)} excluded")
         finally:
             lock.release()
         return self._log_problems(problems)

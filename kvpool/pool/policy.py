@@ -42,13 +42,12 @@ import threading
 import warnings
 import weakref
 from collections import deque
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
 
-from kvpool.checks import REQUIRED, check_bool, refuse_in_place
+from kvpool.checks import REQUIRED, refuse_in_place
 from kvpool.errors import (
     AddressSpaceExhaustedError,
     ArgumentTypeError,
@@ -64,11 +63,13 @@ from kvpool.errors import (
 from kvpool.formats import MAX_LAYOUT_BYTES, MemoryFormat, format_hint
 from kvpool.misuse import ReportOnce, notice, report, strict_mode
 from kvpool.pool.arena import Arena
+from kvpool.pool.barriers import boundaries
 from kvpool.pool.handle import TensorMemoryObj
 from kvpool.pool.interface import MemoryAllocatorInterface
 from kvpool.pool.lease import ViewLease, open_device_lease, open_host_lease, pool_array
 from kvpool.pool.monitor import PinMonitor, usage_listener
 from kvpool.pool.objects import MemoryObj
+from kvpool.pool.placement import POLICIES, PlacementSpec, policy_builder, register_policy
 
 __all__ = [
     "POLICIES",
@@ -112,86 +113,8 @@ def check_format(fmt: object) -> MemoryFormat:
     return fmt  # type: ignore[return-value]
 
 
-@dataclass(frozen=True)
-class PlacementSpec:
-    """Which placement policy a pool uses, and its options.
-
-    Attributes:
-        kind: a name registered with :func:`register_policy`: ``"extent"``
-            (variable-size objects, the default) or ``"paged"`` (one object
-            per fixed-size page).
-        align_bytes: extent alignment, a power of two.
-        init_address_space: extent bytes usable at first (lazy pools), or
-            None for all of the memory.
-        shapes: paged: the layout of a full page, one shape per group.
-        dtypes: paged: the dtypes of the groups.
-        fmt: paged: the objects' default format.
-    """
-
-    kind: str = "extent"
-    align_bytes: int = 4096
-    init_address_space: int | None = None
-    shapes: Any = None
-    dtypes: Any = None
-    fmt: Any = None
-
-    @classmethod
-    def from_reference(
-        cls, use_paging: object, options: dict[str, Any], *, align_bytes: int = 4096
-    ) -> PlacementSpec:
-        """The spec the reference's ``use_paging=`` and keyword arguments describe.
-
-        Raises:
-            InvalidArgumentError: ``use_paging`` is not a bool.
-        """
-        if check_bool("use_paging", use_paging):
-            return cls(
-                "paged",
-                shapes=options.get("shapes"),
-                dtypes=options.get("dtypes"),
-                fmt=options.get("fmt"),
-            )
-        return cls("extent", align_bytes=options.get("align_bytes", align_bytes))
-
-    def build(self, tensor: torch.Tensor, byte_view: memoryview | None) -> PlacementPolicy:
-        """Build the policy over ``tensor`` with the registered builder.
-
-        Raises:
-            InvalidArgumentError: unknown kind, or options the policy refuses.
-        """
-        return policy_builder(self.kind)(tensor, byte_view, self)
-
-
-#: Placement policies by name: builders ``(tensor, byte_view, spec) -> policy``
-#: registered by each policy's module (see :func:`register_policy`).
-POLICIES: dict[str, Callable[..., PlacementPolicy]] = {}
-
 # Every policy of the process, for the fork handler (held weakly).
 _live_policies: weakref.WeakSet[PlacementPolicy] = weakref.WeakSet()
-
-
-def register_policy(name: str, build: Callable[..., PlacementPolicy]) -> None:
-    """Make a placement policy available to pools under ``name``.
-
-    Args:
-        name: what a :class:`PlacementSpec` calls it (``"extent"``, ``"paged"``).
-        build: ``build(tensor, byte_view, spec)`` returning the policy.
-    """
-    POLICIES[name] = build
-
-
-def policy_builder(name: object) -> Callable[..., PlacementPolicy]:
-    """The builder registered under ``name``.
-
-    Raises:
-        InvalidArgumentError: no policy of that name.
-    """
-    build = POLICIES.get(name) if isinstance(name, str) else None
-    if build is None:
-        raise InvalidArgumentError(
-            f"unknown placement policy {name!r}; choose one of {', '.join(sorted(POLICIES))}"
-        )
-    return build
 
 
 def _inherited_by_a_child() -> None:
@@ -557,6 +480,27 @@ class PlacementPolicy(MemoryAllocatorInterface):
         return not problems
 
     # -- the memory, for consumers that register it ------------------------
+
+    def respect_registrations(self, spans: Iterable[tuple[int, int]]) -> None:
+        """Keep every object inside one CUDA registration of the memory.
+
+        Each boundary between registrations (:func:`~kvpool.pool.barriers.boundaries`
+        of ``spans``, ``(offset, length)`` pairs) becomes a barrier no
+        object handed out from now on crosses: a GPU copy across one fails.
+        The pool calls it when it is made and when its memory grows.
+
+        Raises:
+            InvalidArgumentError: a boundary the placement cannot honour
+                (inside a live object, or off its alignment).
+        """
+        cuts = boundaries(spans, self.buffer.numel())
+        if cuts:
+            with self.lock:
+                self._add_barriers_locked(cuts)
+
+    def _add_barriers_locked(self, offsets: list[int]) -> None:
+        """Place nothing across ``offsets`` from now on; the caller holds the lock."""
+        raise NotImplementedError
 
     def memory_region(self) -> tuple[int, int] | None:
         """``(address, nbytes)`` of the pool's host memory; None if closed or on a device.

@@ -337,6 +337,8 @@ class MemoryPool(MemoryAllocatorInterface):
                     f"placement must be a PlacementSpec or a PlacementPolicy, got "
                     f"{type(placement).__name__}"
                 )
+            # No object may straddle two CUDA registrations of the memory.
+            policy.respect_registrations(backing.registrations())
         except BaseException:
             backing.close()
             raise

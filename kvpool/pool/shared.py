@@ -94,6 +94,10 @@ class SharedPoolBacking(Backing):
         self.tensor = _EMPTY
         self._inner.close()
 
+    def registrations(self) -> list[tuple[int, int]]:
+        """The segment's CUDA registrations (the pool's bytes start at its offset 0)."""
+        return self._inner.registrations()
+
     def describe(self) -> dict[str, Any]:
         """The segment's description, with the pool's size and the index's slots."""
         info = dict(self._inner.describe())

@@ -7,16 +7,13 @@
 * ``hugepages`` makes sure some 2 MiB pages are free, reserving them as
   root if needed (and restoring the pool size afterwards), or skips with
   the reason.
-* ``fake_cudart`` is the path of the test-only CUDA runtime, built if
-  missing.
+* ``fake_cudart`` (tests/conftest.py) is the path of the test-only CUDA
+  runtime, built if missing.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -54,22 +51,6 @@ def hugepages() -> Iterator[int]:
     """Yield the number of free 2 MiB pages (>= 16), reserving them as root."""
     with reserve_hugepages(HUGEPAGES_WANTED) as free:
         yield free
-
-
-@pytest.fixture(scope="session")
-def fake_cudart(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Path of the fake libcudart (libpinmem/tests/fake_cudart.c), built if missing."""
-    built = ROOT / "libpinmem" / "build" / "libfakecudart.so"
-    source = ROOT / "libpinmem" / "tests" / "fake_cudart.c"
-    if built.exists() and built.stat().st_mtime >= source.stat().st_mtime:
-        return built
-    cc = os.environ.get("CC", "cc")
-    if shutil.which(cc) is None:
-        pytest.skip(f"the fake CUDA runtime is not built and there is no C compiler ({cc})")
-    out = tmp_path_factory.mktemp("fakecuda") / "libfakecudart.so"
-    cmd = [cc, "-O2", "-Wall", "-fPIC", "-shared", "-pthread", "-o", str(out), str(source)]
-    subprocess.run(cmd, check=True)
-    return out
 
 
 class Smaps:

@@ -7,49 +7,17 @@ the rollback and the reported flags are checked for real.
 
 from __future__ import annotations
 
-import ctypes
 import subprocess
 from pathlib import Path
 
 import pytest
+from fake_cuda import FakeCuda
 
 from kvpool import errors, native
 from kvpool.native.buffer import allocate_host, attach_shm, live_mappings
 from kvpool.native.machine import capabilities
 
 MIB = 1 << 20
-
-
-class FakeCuda:
-    """The fake runtime's books, read through ctypes (same loaded copy)."""
-
-    def __init__(self, path: Path) -> None:
-        self.lib = ctypes.CDLL(str(path))
-        self.lib.fake_cuda_is_registered.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-
-    def reset(self) -> None:
-        self.lib.fake_cuda_reset()
-
-    def stats(self) -> dict[str, int]:
-        lr, la, regs, unregs = (ctypes.c_int() for _ in range(4))
-        largest = ctypes.c_size_t()
-        self.lib.fake_cuda_stats(
-            ctypes.byref(lr),
-            ctypes.byref(la),
-            ctypes.byref(regs),
-            ctypes.byref(unregs),
-            ctypes.byref(largest),
-        )
-        return {
-            "live_registrations": lr.value,
-            "live_allocations": la.value,
-            "registers": regs.value,
-            "unregisters": unregs.value,
-            "largest": largest.value,
-        }
-
-    def registered(self, address: int, size: int) -> bool:
-        return bool(self.lib.fake_cuda_is_registered(address, size))
 
 
 @pytest.fixture

@@ -4,16 +4,15 @@ A library linked against glibc records, per symbol, the version tag it was
 bound to (``GLIBC_2.17``, ``GLIBC_2.34``, ...) in its ``.gnu.version_r``
 section; the loader refuses the library on a glibc older than the newest
 tag.  ``objdump -T`` shows the same; this reads it with pyelftools (which
-auditwheel depends on), so the tests need no binutils.
+auditwheel depends on), so the tests need no binutils.  pyelftools is imported
+by the functions that read ELF, not with this module, so that a machine
+without the test extra still collects the tests (``pytest -m gpu tests``).
 """
 
 from __future__ import annotations
 
 import io
 import re
-
-from elftools.elf.elffile import ELFFile
-from elftools.elf.gnuversions import GNUVerNeedSection
 
 _TAG = re.compile(r"GLIBC_(\d+)\.(\d+)(?:\.\d+)?")
 
@@ -31,6 +30,9 @@ def glibc_versions(library: bytes) -> set[tuple[int, int]]:
         Every ``GLIBC_x.y[.z]`` requirement as ``(x, y)``; empty for a library
         that needs nothing versioned from glibc.
     """
+    from elftools.elf.elffile import ELFFile
+    from elftools.elf.gnuversions import GNUVerNeedSection
+
     found: set[tuple[int, int]] = set()
     elf = ELFFile(io.BytesIO(library))
     for section in elf.iter_sections():
@@ -46,4 +48,6 @@ def glibc_versions(library: bytes) -> set[tuple[int, int]]:
 
 def machine(library: bytes) -> str:
     """Return the ELF machine of the library (``EM_X86_64``, ``EM_AARCH64``, ...)."""
+    from elftools.elf.elffile import ELFFile
+
     return str(ELFFile(io.BytesIO(library)).header["e_machine"])
