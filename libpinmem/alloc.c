@@ -12,6 +12,9 @@
 
 /* No user address space is larger than 2^56 bytes (5-level paging). */
 #define PM_SIZE_LIMIT ((size_t)1 << 56)
+/* One cudaHostAlloc of this size or more fails on drivers from r580: an
+ * explicit cuda-alloc request of that size registers instead. */
+#define PM_CUDA_ALLOC_LIMIT ((size_t)512 << 30)
 
 /* What pm_step_plan decided, read by the steps after it. */
 typedef struct pm_alloc_plan {
@@ -90,7 +93,10 @@ static int pm_alloc_pin_plan(pm_alloc_plan *plan)
         plan->cuda = pm_cuda(&why);
         if (plan->cuda == NULL)
             return pm_fail(PINMEM_ENO_CUDA, 0, "cuda-alloc pinning needs CUDA: %s", why);
-        plan->pin_plan = p->size < threshold ? PM_PLAN_CUDA_ALLOC : PM_PLAN_CUDA_REGISTER;
+        /* Asked for by name: cudaHostAlloc whatever the threshold (which
+         * is auto's), unless the driver cannot give that much in one call. */
+        plan->pin_plan = p->size < PM_CUDA_ALLOC_LIMIT ? PM_PLAN_CUDA_ALLOC
+                                                       : PM_PLAN_CUDA_REGISTER;
         return PINMEM_OK;
     case PINMEM_PIN_CUDA_REGISTER:
         plan->cuda = pm_cuda(&why);

@@ -88,7 +88,8 @@ typedef enum pinmem_pin_mode {
     PINMEM_PIN_AUTO = 0,          /* best available: CUDA, else mlock, else none */
     PINMEM_PIN_NONE = 1,          /* do not pin */
     PINMEM_PIN_MLOCK = 2,         /* mlock, fail with PINMEM_EMLOCK if refused */
-    PINMEM_PIN_CUDA_ALLOC = 3,    /* cudaHostAlloc (register path above threshold) */
+    PINMEM_PIN_CUDA_ALLOC = 3,    /* cudaHostAlloc (register path from 512 GiB, where
+                                   * one cudaHostAlloc fails on drivers from r580) */
     PINMEM_PIN_CUDA_REGISTER = 4  /* mmap + populate + cudaHostRegister in chunks */
 } pinmem_pin_mode;
 
@@ -153,8 +154,9 @@ typedef enum pinmem_populate_method {
  *        Largest single cudaHostRegister call (drivers from r580 refuse one
  *        of 512 GiB or more).  A request's own register_chunk is capped by it.
  *   PINMEM_OPT_REGISTER_THRESHOLD    KVPOOL_REGISTER_THRESHOLD_BYTES 1 GiB.
- *        At or above this size CUDA pinning (pin AUTO, and CUDA_ALLOC) takes
- *        the register path; below it, cudaHostAlloc.  Measured on an H200
+ *        At or above this size pin AUTO takes the register path; below it,
+ *        cudaHostAlloc (for plain memory: NUMA, hugepage and shared memory
+ *        always register).  Measured on an H200
  *        (driver 580, 16 cores): populate + register was 2.60x faster than
  *        cudaHostAlloc at 1 GiB, 2.81x at 4 GiB, 3.13x at 16 GiB (median of
  *        3); below 1 GiB nothing was measured, so cudaHostAlloc stays there.

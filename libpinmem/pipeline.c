@@ -45,7 +45,6 @@ typedef struct pm_feed {
 static void *pm_feed_main(void *arg)
 {
     pm_feed *f = arg;
-    size_t min_bytes = (size_t)pm_opt(PINMEM_OPT_MIN_THREAD_BYTES);
     for (size_t off = 0; off < f->len; off += f->step) {
         size_t l = f->len - off < f->step ? f->len - off : f->step;
         pthread_mutex_lock(&f->lock);
@@ -53,11 +52,8 @@ static void *pm_feed_main(void *arg)
         pthread_mutex_unlock(&f->lock);
         if (stop)
             break;
-        /* As pm_populate does: no thread gets less than min_thread_bytes. */
-        size_t by_size = min_bytes ? l / min_bytes : (size_t)f->threads;
-        int threads = (size_t)f->threads > by_size ? (int)(by_size ? by_size : 1) : f->threads;
         int method = PINMEM_POPULATE_NONE, used = 0;
-        int rc = pm_populate_run(f->addr + off, l, f->page, f->method, threads, f->touch, 0,
+        int rc = pm_populate_run(f->addr + off, l, f->page, f->method, f->threads, f->touch, 0,
                                  &method, &used, NULL);
         pthread_mutex_lock(&f->lock);
         if (rc != PINMEM_OK) {
@@ -119,8 +115,21 @@ int pm_populate_register(const pm_cuda_api *cuda, char *addr, size_t len, size_t
     pthread_cond_init(&f.moved, NULL);
     int overlap = populate && n > 1 && pm_opt(PINMEM_OPT_REGISTER_OVERLAP);
     f.step = overlap ? chunk : len;
-    if (populate)
+    if (populate) {
         pm_plan_resolve(len, threads, &f.method, &f.threads);
+        /* As pm_populate does, no thread gets less than min_thread_bytes of
+         * the range -- the range, not a chunk: the chunks are one job, and
+         * capping each would leave CPUs idle while the pipeline runs. */
+        size_t min_bytes = (size_t)pm_opt(PINMEM_OPT_MIN_THREAD_BYTES);
+        size_t by_size = min_bytes ? len / min_bytes : (size_t)f.threads;
+        if ((size_t)f.threads > by_size)
+            f.threads = by_size ? (int)by_size : 1;
+    }
+    /* Pinning pages is CPU work in the driver: overlapped, the registering
+     * thread keeps a CPU of its own where there are enough to spare one. */
+    int cpus = pm_affinity_cpus();
+    if (overlap && cpus >= 4 && f.threads >= cpus)
+        f.threads = cpus - 1;
     pthread_t feeder;
     int feeding = overlap && pthread_create(&feeder, NULL, pm_feed_main, &f) == 0;
     if (populate && !feeding) {

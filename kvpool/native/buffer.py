@@ -363,9 +363,12 @@ class HostBuffer:
             offset: start of the range, a multiple of ``page_size``.
             length: bytes, > 0, a multiple of ``page_size``; the range must
                 end within ``mapped_size``.
-            pin: "auto" (cudaHostRegister in chunks of at most 64 GiB when
-                CUDA is usable, else mlock if allowed, else none), "none",
-                "mlock" or "cuda-register"; the latter two raise if refused.
+            pin: "auto" (cudaHostRegister in chunks of the buffer's
+                ``register_chunk`` when CUDA is usable, else mlock if
+                allowed, else none), "none", "mlock" or "cuda-register"; the
+                latter two raise if refused.  Each chunk is a registration
+                (:meth:`registrations`), populated while the one before it
+                is registered.
             threads: populate threads (default: CPUs available, at most 16).
 
         Returns:

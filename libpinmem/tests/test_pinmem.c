@@ -1220,10 +1220,15 @@ static void test_cuda(const char *fake)
     stats(&lr, &la, &regs, &unregs, &largest);
     CHECK(la == 0, "host freed");
     pinmem_option_set(PINMEM_OPT_REGISTER_THRESHOLD, (int64_t)2 * MIB);
+    p.pin = PINMEM_PIN_AUTO;
+    CHECK(pinmem_alloc(&p, &r) == PINMEM_OK, "auto above threshold");
+    CHECK(r.pinned == PINMEM_PINNED_CUDA_REGISTER && r.kind == PINMEM_KIND_ANONYMOUS,
+          "auto registers: %d", r.pinned);
+    pinmem_free(r.addr);
     p.pin = PINMEM_PIN_CUDA_ALLOC;
     CHECK(pinmem_alloc(&p, &r) == PINMEM_OK, "cuda-alloc above threshold");
-    CHECK(r.pinned == PINMEM_PINNED_CUDA_REGISTER && r.kind == PINMEM_KIND_ANONYMOUS,
-          "became register: %d", r.pinned);
+    CHECK(r.pinned == PINMEM_PINNED_CUDA_ALLOC && r.kind == PINMEM_KIND_CUDA_HOST,
+          "cuda-alloc by name stays cudaHostAlloc: %d", r.pinned);
     pinmem_free(r.addr);
     pinmem_option_set(PINMEM_OPT_REGISTER_THRESHOLD, (int64_t)1 << 30);
     pinmem_option_set(PINMEM_OPT_REGISTER_CHUNK, (int64_t)64 << 30);

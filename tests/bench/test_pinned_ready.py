@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 from kvpool.cli.bench import pinned_ready
 
@@ -81,13 +80,38 @@ def test_bad_trials_is_a_usage_error() -> None:
     assert info.value.code == 2
 
 
+def test_the_fake_runtime_measures_the_overlap_on_a_cpu(fake_cudart, capsys) -> None:
+    only = "kvpool cuda-register,kvpool register sequential"
+    argv = ["--cudart", str(fake_cudart), "--only", only, "--size", "32M", "--trials", "1"]
+    assert pinned_ready.main([*argv, "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    pins = {name: v["pinned"] for name, v in result["variants"].items()}
+    assert sorted(pins) == ["kvpool cuda-register", "kvpool register sequential"]
+    assert all(p.startswith("cuda-register") for p in pins.values())
+    assert result["overlapped_over_sequential"] > 0
+    assert result["register_threshold"] == 1 << 30 and "2.60x" in result["register_threshold_why"]
+
+
+def test_the_report_says_from_which_size_auto_registers_and_why(fake_cudart, capsys) -> None:
+    argv = ["--cudart", str(fake_cudart), "--only", "kvpool cuda-register", "--size", "16M"]
+    assert pinned_ready.main([*argv, "--trials", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "pin='auto' registers from 1 GiB" in out and "2.60x faster than cudaHostAlloc" in out
+
+
+def test_torch_variants_need_torchs_cuda(fake_cudart) -> None:
+    with pytest.raises(SystemExit) as info:
+        pinned_ready.main(["--cudart", str(fake_cudart), "--only", "torch pin_memory"])
+    assert info.value.code == 2
+
+
 @pytest.mark.gpu
-def test_every_variant_pins_on_a_gpu(capsys) -> None:
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device (torch.cuda.is_available() is False)")
-    assert pinned_ready.main(["--size", "256M", "--trials", "1", "--json"]) == 0
+def test_every_variant_pins_on_a_gpu(cuda_device, capsys) -> None:
+    assert pinned_ready.main(["--size", "1G", "--trials", "1", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     pins = {name: v["pinned"] for name, v in result["variants"].items()}
     assert pins["kvpool cuda-register"].startswith("cuda-register")
+    assert pins["kvpool register sequential"].startswith("cuda-register")
     assert pins["cudaHostAlloc"].startswith("cuda-alloc")
     assert result["register_over_cudaHostAlloc"] > 0
+    assert result["overlapped_over_sequential"] > 0

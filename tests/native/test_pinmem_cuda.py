@@ -148,16 +148,25 @@ def test_auto_uses_cuda_host_alloc_below_threshold(fake) -> None:
     assert fake.stats()["live_allocations"] == 0
 
 
-def test_threshold_turns_cuda_alloc_into_register(fake) -> None:
+def test_the_threshold_turns_auto_into_register(fake) -> None:
     native.option_set("register_threshold", 2 * MIB)
     native.option_set("register_chunk", 2 * MIB)
-    with allocate_host(3 * MIB, pin="cuda-alloc") as buf:
+    with allocate_host(3 * MIB) as buf:
         assert buf.pinned == "cuda-register"
         assert buf.kind == "anonymous"
         assert buf.register_chunks == 2
-    with allocate_host(3 * MIB) as buf:
-        assert buf.pinned == "cuda-register"
     assert fake.stats()["live_allocations"] == 0
+    # Asked for by name, cudaHostAlloc stays cudaHostAlloc.
+    with allocate_host(3 * MIB, pin="cuda-alloc") as buf:
+        assert (buf.pinned, buf.kind) == ("cuda-alloc", "cuda-host")
+
+
+def test_auto_registers_from_one_gib_by_default(fake) -> None:
+    assert native.option_get("register_threshold") == 1 << 30
+    with allocate_host((1 << 30) - 4096) as buf:
+        assert buf.pinned == "cuda-alloc"
+    with allocate_host(1 << 30) as buf:
+        assert (buf.pinned, buf.kind, buf.register_chunks) == ("cuda-register", "anonymous", 1)
 
 
 def test_auto_registers_numa_thp_and_shm_memory(fake) -> None:

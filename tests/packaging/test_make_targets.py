@@ -78,6 +78,7 @@ def test_gpu_check_runs_every_step_and_logs_each(tmp_path: Path) -> None:
     # GPU the two benchmarks say so (status 2) and the script exits 1.
     env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
     env.update(OUT=str(tmp_path), GPU_CHECK_PINNED_SIZE="64M", GPU_CHECK_H2D_SIZE="16M")
+    env.update(GPU_CHECK_POOL_SIZE=str(1 << 30), GPU_CHECK_POOL_CHUNK="256M")
     env.update(PYTHON=sys.executable, GPU_CHECK_WHEELS=str(tmp_path / "no-wheels"))
     done = subprocess.run(
         [str(ROOT / ".ci" / "gpu-check")],
@@ -88,10 +89,16 @@ def test_gpu_check_runs_every_step_and_logs_each(tmp_path: Path) -> None:
         env=env,
     )
     logs = {p.name for p in tmp_path.iterdir()}
-    assert logs == {"machine.log", "build.log", "gpu-tests.log", "h2d.log", "pinned.log"}
-    for step in ("build", "gpu-tests", "h2d", "pinned"):
+    steps = ("build", "gpu-tests", "big-pool", "h2d", "pinned")
+    assert logs == {"machine.log", *(f"{step}.log" for step in steps)}
+    for step in steps:
         assert f"== {step}: " in done.stdout
     assert "status 0" in done.stdout.split("== gpu-tests")[1].split("==")[0]
+    assert "status 0" in done.stdout.split("== big-pool")[1].split("==")[0]
+    # The limits of the steps add up to 6 minutes at most.
+    script = (ROOT / ".ci" / "gpu-check").read_text()
+    limits = [int(n) for n in re.findall(r"^step [\w-]+ (\d+) ", script, re.M)]
+    assert len(limits) == len(steps) and sum(limits) + 15 <= 360
     if torch.cuda.is_available():
         assert done.returncode == 0, done.stdout
         assert "cuda-register / cudaHostAlloc" in (tmp_path / "pinned.log").read_text()

@@ -212,16 +212,57 @@ def test_a_real_device_dax() -> None:
         obj.ref_count_down()
 
 
+def _copies_through_the_gpu(backing: DevDaxBacking) -> None:
+    host = backing.tensor[:MIB]
+    host.fill_(5)
+    device = host.to("cuda", non_blocking=True)
+    torch.cuda.synchronize()
+    assert int(device.sum().item()) == 5 * MIB
+    host.zero_()
+    host.copy_(device, non_blocking=True)
+    torch.cuda.synchronize()
+    assert int(host.sum().item()) == 5 * MIB
+
+
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
-def test_the_mapping_is_registered_with_cuda(dax) -> None:
-    backing = DevDaxBacking(dax(2 * MIB), 2 * MIB)
+def test_shared_memory_registers_with_cuda(cuda_device, memfd: str) -> None:
+    # A memfd is shmem: the kernel lets the driver pin it long-term.
+    backing = DevDaxBacking(memfd, 4 * MIB, pin="cuda-register", register_chunk=2 * MIB)
     try:
         assert backing.pinned == "cuda-register"
-        host = backing.tensor[:MIB]
-        host.fill_(5)
-        device = host.to("cuda", non_blocking=True)
-        torch.cuda.synchronize()
-        assert int(device.sum().item()) == 5 * MIB
+        assert backing.registrations() == [(0, 2 * MIB), (2 * MIB, 2 * MIB)]
+        _copies_through_the_gpu(backing)
     finally:
         backing.close()
+    assert cuda_device.peek() == 0
+
+
+@pytest.mark.gpu
+def test_a_file_on_disk_registers_or_is_refused_cleanly(cuda_device, dax, caplog) -> None:
+    # A shared mapping of a file on ext4/xfs: since Linux 6.5 the kernel
+    # refuses the driver's long-term writable pin (tmpfs files register).
+    # Either way the arena works, and no CUDA error is left behind.
+    path = dax(2 * MIB)
+    with caplog.at_level("WARNING", logger="kvpool"):
+        backing = DevDaxBacking(path, 2 * MIB)
+    try:
+        refusals = [r for r in caplog.records if "refused to register" in r.getMessage()]
+        if backing.pinned == "cuda-register":
+            assert refusals == []
+        else:
+            assert backing.pinned == "none" and len(refusals) == 1
+            assert "cudaError" in refusals[0].getMessage()
+            assert "???" not in refusals[0].getMessage()
+        assert cuda_device.peek() == 0
+        _copies_through_the_gpu(backing)  # pageable when not registered
+    finally:
+        backing.close()
+    try:
+        strict = DevDaxBacking(path, 2 * MIB, pin="cuda-register")
+    except (kvpool.NativeError, kvpool.OutOfMemoryError) as exc:
+        assert backing.pinned == "none" and "cudaError" in str(exc)
+    else:
+        assert strict.pinned == "cuda-register"
+        strict.close()
+    assert cuda_device.peek() == 0
+    assert (torch.ones(8, device="cuda") + 1).sum().item() == 16  # torch is not poisoned

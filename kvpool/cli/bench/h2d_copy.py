@@ -4,8 +4,10 @@
 Copies the same number of bytes between the GPU and three host buffers,
 interleaved, best of N:
 
-* ``kvpool``    - ``allocate_host(size, pin="auto")`` (cudaHostAlloc, or
-  cudaHostRegister for hugepage/NUMA/large pools);
+* ``kvpool``    - ``allocate_host(size, pin="auto")`` (cudaHostAlloc below
+  1 GiB, else populate + cudaHostRegister, in one registration: a copy
+  may not span two, so a size above the ``register_chunk`` option is
+  refused);
 * ``torch``     - ``torch.empty(size, pin_memory=True)``;
 * ``pageable``  - ``torch.empty(size)`` (for scale).
 
@@ -47,7 +49,15 @@ def main(argv: list[str] | None = None) -> int:
 
     size = args.size
     device = torch.empty(size, dtype=torch.uint8, device="cuda")
-    kv_buf = allocate_host(size, pin="auto", hugepages=args.hugepages)
+    kv_buf = allocate_host(size, pin="auto", hugepages=args.hugepages, register_chunk=size)
+    if len(kv_buf.registrations()) > 1:
+        print(
+            f"h2d_copy: {size} bytes are registered in {len(kv_buf.registrations())} chunks "
+            "and one copy may not span two; ask for at most the register_chunk option",
+            file=sys.stderr,
+        )
+        kv_buf.close()
+        return 2
     hosts = {
         "kvpool": kv_buf.tensor(),
         "torch": torch.empty(size, dtype=torch.uint8, pin_memory=True),
