@@ -25,7 +25,7 @@ Settings, under ``remote_storage_plugin.<instance>.`` in ``extra_config``:
   ``window`` (pipelined commands in flight), ``checksum`` (CRC-32 of each
   chunk, False), ``prefix`` (``"kvpool:"``), ``max_connections`` (the same
   for ``redis-cluster://``); for files ``checksum``, ``durable``,
-  ``threads``, ``reuse_files``; for Mooncake ``threads``, ``timeout``,
+  ``threads``, ``batch_threads``, ``reuse_files``; for Mooncake ``threads``, ``timeout``,
   ``segment_size``, ``local_buffer_size``, ``replicas``, ``prefix``,
   ``headerless`` (also in the URL query, ``&headerless=1``: entries without
   kvpool's header, as LMCache's ``save_chunk_meta: False``; it needs

@@ -12,6 +12,14 @@ file never returns "try again"), so each call of the underlying
   where a disk may stall the loop), through
   :func:`~kvpool.remote.aiobase.offload`.
 
+A batch of at least :data:`SPLIT_MIN_BYTES` (a put, or a get whose layout
+is given) is split into ``batch_threads`` parts that run at once, each in
+a thread of its own (by default one per CPU this process may use, at most
+four).  A batch's files are independent, and on tmpfs every copy is CPU
+work in the kernel: one thread leaves the other CPUs idle on a quiet
+machine and gets one share of one CPU on a busy one, where LMCache's own
+file connector runs each file in a thread of its own.
+
 Both keep the blocking store's zero-copy ``writev`` and one-copy
 ``preadv``.  The cost of the thread hop is measured by ``kvpool bench
 --only remote_put_get`` (``async file get``, on the loop, next to the
@@ -25,6 +33,7 @@ object a cancelled ``get`` allocated is freed in that thread when it does.
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import os
 from collections.abc import Callable, Sequence
@@ -38,14 +47,34 @@ from kvpool.formats import MemoryFormat
 from kvpool.pool.interface import MemoryAllocatorInterface
 from kvpool.pool.objects import MemoryObj
 from kvpool.remote.aiobase import AsyncRemoteStore, offload
-from kvpool.remote.base import Key
+from kvpool.remote.base import Key, check_pairs, get_request, key_list
 from kvpool.remote.file.store import FileStore
 from kvpool.remote.header import EntryInfo
 from kvpool.remote.objects import discard
 
-__all__ = ["AsyncFileStore", "on_tmpfs"]
+__all__ = ["SPLIT_MIN_BYTES", "AsyncFileStore", "default_batch_threads", "on_tmpfs"]
 
 _TMPFS_MAGIC = 0x01021994
+#: A batch smaller than this many bytes per part is not split (a part costs
+#: a thread hop, tens of microseconds; 256 KiB take about 100 on tmpfs).
+SPLIT_MIN_BYTES = 256 << 10
+#: Most parts a batch is split into by default.
+_MAX_DEFAULT_PARTS = 4
+
+
+def default_batch_threads() -> int:
+    """The CPUs this process may run on, at most four: the parts a batch is split into."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return max(1, min(cpus, _MAX_DEFAULT_PARTS))
+
+
+def _parts(count: int, nbytes: int, most: int) -> list[tuple[int, int]]:
+    """Bounds of the parts a batch of ``count`` entries and ``nbytes`` bytes is split into."""
+    n = min(most, count, max(1, nbytes // SPLIT_MIN_BYTES))
+    return [(i * count // n, (i + 1) * count // n) for i in range(n)]
 
 
 def on_tmpfs(path: str) -> bool:
@@ -65,6 +94,14 @@ def _discard_all(objs: list[MemoryObj | None]) -> None:
         discard(obj)
 
 
+def _nbytes(obj: Any) -> int:
+    """An object's size for splitting a batch (0 when it cannot say: the put reports it)."""
+    try:
+        return int(obj.get_size())
+    except Exception:
+        return 0
+
+
 class AsyncFileStore(AsyncRemoteStore):
     """A :class:`FileStore` whose calls are awaited.
 
@@ -73,14 +110,22 @@ class AsyncFileStore(AsyncRemoteStore):
         threads: threads running the calls (calls beyond that wait their
             turn); 0 runs them on the event loop; None (default): 0 on
             tmpfs, 4 elsewhere.
+        batch_threads: the parts a large batched put or get is split
+            into, each run in a thread of its own at the same time (see
+            the module notes); 1 keeps a batch in one call (on the loop
+            with ``threads=0``).  None (default):
+            :func:`default_batch_threads`.
         **options: the other ``FileStore`` options (``checksum``,
             ``durable``, ``reuse_files``, ``cleanup_temp_age_s``).
 
     Attributes:
-        store: the underlying blocking store (its ``path``, ``cleanup_temp``...).
+        store: the underlying blocking store (its ``path``, ``cleanup_temp``...;
+            its counters count each part of a split batch as a call).
+        threads: as given, or chosen.
+        batch_threads: as given, or chosen.
 
     Raises:
-        InvalidArgumentError: a bad ``threads``.
+        InvalidArgumentError: a bad ``threads`` or ``batch_threads``.
 
     Otherwise it raises what ``FileStore`` raises.
     """
@@ -88,17 +133,30 @@ class AsyncFileStore(AsyncRemoteStore):
     # io_threads is ours to set: the threads below do the I/O.
     @takes_keywords((keywords_of(FileStore, skip=1) or frozenset()) - {"io_threads"})
     def __init__(
-        self, directory: str | os.PathLike[str], *, threads: int | None = None, **options: Any
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        threads: int | None = None,
+        batch_threads: int | None = None,
+        **options: Any,
     ) -> None:
         if threads is not None:
             check_int("threads", threads, low=0, high=256)
+        if batch_threads is not None:
+            check_int("batch_threads", batch_threads, low=1, high=64)
         self.store = FileStore(directory, io_threads=1, **options)
         if threads is None:
             threads = 0 if on_tmpfs(self.store.directory) else 4
         self.threads = threads
+        self.batch_threads = default_batch_threads() if batch_threads is None else batch_threads
         self._threads = (
             ThreadPoolExecutor(threads, thread_name_prefix="kvpool-AsyncFileStore")
             if threads
+            else None
+        )
+        self._parts = (
+            ThreadPoolExecutor(self.batch_threads, thread_name_prefix="kvpool-AsyncFileStore-part")
+            if self.batch_threads > 1
             else None
         )
 
@@ -149,9 +207,27 @@ class AsyncFileStore(AsyncRemoteStore):
         return await self._run(self.store.head, key)
 
     async def batched_put(self, keys: Sequence[Key], memory_objs: Sequence[MemoryObj]) -> None:
-        """``put`` of each pair, in one thread hop (see :meth:`FileStore.batched_put`)."""
+        """``put`` of each pair (see :meth:`FileStore.batched_put`), large batches split.
+
+        Every part is written even when another fails; then the error of
+        the first part that failed (in the batch's order) is raised.
+        """
         self._check_open()
-        await self._run(self.store.batched_put, keys, memory_objs)
+        bounds: list[tuple[int, int]] = []
+        if self._parts is not None and len(keys) > 1:
+            check_pairs(keys, memory_objs)
+            nbytes = sum(_nbytes(obj) for obj in memory_objs)
+            bounds = _parts(len(keys), nbytes, self.batch_threads)
+        if len(bounds) < 2:
+            await self._run(self.store.batched_put, keys, memory_objs)
+            return
+        keys, memory_objs = list(keys), list(memory_objs)
+        outcomes = await self._split(
+            self.store.batched_put, [(keys[a:b], memory_objs[a:b]) for a, b in bounds], None
+        )
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
 
     async def batched_get(
         self,
@@ -161,8 +237,32 @@ class AsyncFileStore(AsyncRemoteStore):
         dtypes: torch.dtype | Sequence[torch.dtype] | None = None,
         fmt: MemoryFormat | None = None,
     ) -> list[MemoryObj | None]:
-        """``get`` of each key, in one thread hop (see :meth:`FileStore.batched_get`)."""
+        """``get`` of each key (see :meth:`FileStore.batched_get`), large batches split.
+
+        A batch is split when its layout is given and it is large enough.
+        When a part fails, the objects the others read are freed and the
+        error of the first part that failed is raised.
+        """
         self._check_open()
+        bounds: list[tuple[int, int]] = []
+        if self._parts is not None and len(keys) > 1:
+            count = len(key_list(keys))
+            layout, _ = get_request(allocator, shapes, dtypes, fmt)
+            if layout is not None:
+                bounds = _parts(count, count * layout.nbytes, self.batch_threads)
+        if len(bounds) >= 2:
+            keys = list(keys)
+            outcomes = await self._split(
+                self.store.batched_get,
+                [(keys[a:b], allocator, shapes, dtypes, fmt) for a, b in bounds],
+                _discard_all,
+            )
+            if any(isinstance(o, BaseException) for o in outcomes):
+                for outcome in outcomes:
+                    if not isinstance(outcome, BaseException):
+                        _discard_all(outcome)
+                raise next(o for o in outcomes if isinstance(o, BaseException))
+            return [obj for part in outcomes for obj in part]
         return await self._run(
             self.store.batched_get,
             keys,
@@ -183,9 +283,37 @@ class AsyncFileStore(AsyncRemoteStore):
         self._check_open()
         return await self._run(self.store.batched_delete, keys)
 
+    async def _split(
+        self,
+        fn: Callable[..., Any],
+        parts: list[tuple[Any, ...]],
+        on_orphan: Callable[[Any], None] | None,
+    ) -> list[Any]:
+        """``fn(*args)`` for every part at once, one thread each; results or exceptions, in order.
+
+        When the awaiting task is cancelled, a part that had finished has
+        its result given to ``on_orphan`` here, and one still running gets
+        it in its thread when it finishes (:func:`offload`).
+        """
+        assert self._parts is not None
+        jobs = [
+            asyncio.ensure_future(offload(self._parts, fn, *args, on_orphan=on_orphan))
+            for args in parts
+        ]
+        try:
+            return await asyncio.gather(*jobs, return_exceptions=True)
+        except asyncio.CancelledError:
+            # gather returns only once every part is done (finished, failed
+            # or cancelled): the finished ones are nobody's now.
+            finished = [j for j in jobs if j.done() and not j.cancelled() and not j.exception()]
+            for job in finished if on_orphan is not None else ():
+                on_orphan(job.result())
+            raise
+
     def _close(self) -> None:
-        if self._threads is not None:
-            self._threads.shutdown(wait=False)
+        for pool in (self._threads, self._parts):
+            if pool is not None:
+                pool.shutdown(wait=False)
         self.store.close()
 
     async def aclose(self) -> None:
@@ -199,18 +327,20 @@ class AsyncFileStore(AsyncRemoteStore):
         if self._closed:
             return
         self._closed = True
-        if self._threads is None:
+        pools = [p for p in (self._threads, self._parts) if p is not None]
+        if not pools:
             self.store.close()
             return
         waiter = ThreadPoolExecutor(1, thread_name_prefix="kvpool-AsyncFileStore-close")
         try:
-            await offload(waiter, self._drain_and_close, self._threads)
+            await offload(waiter, self._drain_and_close, pools)
         finally:
             waiter.shutdown(wait=False)  # its one job still runs to the end
 
-    def _drain_and_close(self, threads: ThreadPoolExecutor) -> None:
-        """Wait for the calls in ``threads`` to end, then close the blocking store."""
-        threads.shutdown(wait=True)
+    def _drain_and_close(self, pools: list[ThreadPoolExecutor]) -> None:
+        """Wait for the calls in ``pools`` to end, then close the blocking store."""
+        for pool in pools:
+            pool.shutdown(wait=True)
         self.store.close()
 
     def __repr__(self) -> str:
