@@ -130,3 +130,48 @@ def test_an_lmcache_that_does_not_import_is_reported(tmp_path: Path) -> None:
     assert done.returncode == 2, done.stdout + done.stderr
     assert "LMCache cannot be imported here" in done.stderr
     assert "broken on purpose" in done.stderr
+
+
+def test_passes_spreads_a_file_folder_and_this_checkouts_kvpool(tmp_path: Path) -> None:
+    # A kvpool that fails to import first on PYTHONPATH: the side processes
+    # (started in a folder of their own) must still import this checkout's.
+    shadow = tmp_path / "shadow" / "kvpool"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('the wrong kvpool')\n")
+    folder = tmp_path / "files"
+    folder.mkdir()
+    out = tmp_path / "passes.json"
+    done = run(
+        sys.executable,
+        "-m",
+        "kvpool.cli.bench.lmcache_remote",
+        "--rounds",
+        "2",
+        "--passes",
+        "2",
+        "--chunks",
+        "2",
+        "--only-stores",
+        "file",
+        "--file-dir",
+        str(folder),
+        "--json",
+        str(out),
+        env={"PYTHONPATH": str(tmp_path / "shadow")},
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(out.read_text())
+    assert result["settings"]["passes"] == 2
+    assert result["settings"]["file_dir"] == str(folder)
+    assert result["info"]["servers"]["file"].startswith(f"folders under {folder}")
+    row = result["pairs"]["file"]
+    for what in ("put", "get"):
+        assert row[what]["rounds"] == [4, 4], what  # 2 rounds x 2 passes
+        assert all(s is not None and s >= 0 for s in row[what]["spread"]), row[what]
+        low, high = row[what]["range_s"][0]
+        assert 0 < low <= row[what]["kvpool_s"] <= high
+    assert "spread" in done.stdout and "2 pass(es)" in done.stdout
+    assert list(folder.iterdir()) == []  # the run's folder is removed at the end
+    bench = "kvpool.cli.bench.lmcache_remote"
+    done = run(sys.executable, "-m", bench, "--file-dir", "/nonexistent")
+    assert done.returncode == 2 and "no such folder" in done.stderr

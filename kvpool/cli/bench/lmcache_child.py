@@ -54,7 +54,11 @@ Commands and replies:
   ``close()`` never return here: they wait, on the storage manager's loop,
   for an executor that needs that loop to shut down).
 
-Without LMCache the first reply is ``{"fatal": why}`` and the exit status 3.
+The first reply is ``{"ready": true, "errors": {name: why}, "built":
+{name: {"backend", "connector"}}, "kvpool_root": folder}`` (the folder
+holding the kvpool package this process imported, which the parent
+checks is its own); without LMCache it is ``{"fatal": why}`` and the exit
+status 3.
 """
 
 from __future__ import annotations
@@ -66,6 +70,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
 __all__ = ["main"]
@@ -337,7 +342,9 @@ def main() -> int:
         contenders[c.name] = c
         built[c.name] = {"backend": c.backend_name, "connector": c.connector}
     stuck: dict[str, str] = {}
-    _reply(out, {"ready": True, "errors": errors, "built": built})
+    # This module lives in the kvpool package this process imported.
+    here = str(Path(__file__).resolve().parents[3])
+    _reply(out, {"ready": True, "errors": errors, "built": built, "kvpool_root": here})
     for line in sys.stdin:
         cmd = json.loads(line)
         if cmd.get("op") == "stop":

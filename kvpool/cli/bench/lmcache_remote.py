@@ -3,10 +3,11 @@
 ::
 
     python -m kvpool bench --only lmcache_remote          # in an environment with LMCache
-    python -m kvpool.cli.bench.lmcache_remote [--rounds 7] [--chunks 32]
-        [--only-stores redis,cluster,file,mooncake] [--memory lmcache|kvpool] [--json PATH]
+    python -m kvpool.cli.bench.lmcache_remote [--rounds 7] [--passes 1] [--chunks 32]
+        [--only-stores redis,cluster,file,mooncake] [--memory lmcache|kvpool]
+        [--file-dir DIR] [--json PATH]
 
-A *round* of a contender is what LMCache's engine does with a remote
+A *pass* of a contender is what LMCache's engine does with a remote
 backend, through LMCache 0.5.6's own ``StorageManager`` built from an engine
 config (YAML): ``chunks`` KV chunks of 2 MiB (bfloat16, KV_2LTD,
 ``[2, 16, 256, 128]``) are allocated through the manager and filled
@@ -15,10 +16,11 @@ completed (LMCache's ``on_complete_callback``) and the remote backend's
 ``contains`` finds every key; **get** is ``batched_get_blocking``
 of every key from the remote backend (``RemoteBackend`` or
 ``RemoteBackend-<plugin>``).  Every chunk read back is compared byte for
-byte (untimed); a round that loses or changes a chunk stops that
-contender.  After every round the server is emptied (untimed,
-:mod:`kvpool.cli.bench.lmcache_stack`), so each round writes new keys into
-an empty store.
+byte (untimed); a pass that loses or changes a chunk stops that
+contender.  After every pass the server is emptied (untimed,
+:mod:`kvpool.cli.bench.lmcache_stack`), so each pass writes new keys into
+an empty store: new files for both file contenders, each in a folder of
+its own on the same file system (/dev/shm, or ``--file-dir``).
 
 The pairs, each on the same server (configs: :mod:`kvpool.cli.bench.lmcache_configs`):
 
@@ -34,16 +36,19 @@ mooncake_nometa    ``mooncakestore`` (chunk meta off)    ``...&headerless=1``   
 =================  ====================================  =====================  ======
 
 A ratio is LMCache's seconds over kvpool's (> 1: kvpool is faster), of the
-medians of the rounds, for put and for get apart.  Rounds are interleaved:
-in every round each pair runs both its contenders back to back, the order
-flipping from round to round and pair to pair.  The first round of every
-contender is a warm-up and is not counted; before it, each contender makes
-one ``contains`` lookup (as LMCache's engine does before it stores),
-so no client connects inside a timed put.
+medians of the passes, for put and for get apart.  Rounds are interleaved:
+in every round each pair runs both its contenders one after the other,
+each for ``--passes`` passes back to back, the order flipping from round
+to round and pair to pair.  A case's *spread* is how widely its passes
+vary: (90th - 10th percentile) / median (:func:`spread`).  The first pass
+of every contender is a warm-up and is not counted; before it, each
+contender makes one ``contains`` lookup (as LMCache's engine does before
+it stores), so no client connects inside a timed put.
 
 Each side runs in a process of its own (:mod:`kvpool.cli.bench.lmcache_child`):
 one for kvpool's plugin, one for LMCache's connectors, each holding one
-StorageManager per contender.  ``--memory kvpool`` puts both on kvpool
+StorageManager per contender; both import the kvpool this process runs
+(the parent refuses to measure when one imported another).  ``--memory kvpool`` puts both on kvpool
 memory (:func:`kvpool.integrations.lmcache.install`); the default leaves
 LMCache's allocators in place.  At the end every manager is closed in a
 thread, with a deadline: LMCache 0.5.6's ``close()`` of its Redis, RESP and
@@ -84,6 +89,7 @@ KV_SHAPE = (16, 2, 256, 2, 64)
 CHUNK_BYTES = 2 * KV_SHAPE[0] * KV_SHAPE[2] * KV_SHAPE[3] * KV_SHAPE[4] * 2
 DEFAULT_ROUNDS = 7
 DEFAULT_CHUNKS = 32
+DEFAULT_PASSES = 1
 #: Seconds a put may take until the remote holds every key.
 PUT_DEADLINE_S = 60.0
 #: Seconds the children may take to build every manager (Mooncake's set-up is slow).
@@ -91,6 +97,8 @@ START_S = 300.0
 #: Seconds the closes of one child may take, all together.
 CLOSE_S = 10.0
 _CHILD = "kvpool.cli.bench.lmcache_child"
+#: The folder that holds the kvpool package this process runs (the children import it too).
+KVPOOL_ROOT = str(Path(__file__).resolve().parents[3])
 
 
 def require_lmcache() -> str:
@@ -118,6 +126,11 @@ class _Child:
         env.setdefault("LMCACHE_TRACK_USAGE", "false")
         env.setdefault("DO_NOT_TRACK", "1")
         env.update({"MC_TCP_BIND_ADDRESS": "127.0.0.1", "MC_LOG_LEVEL": "ERROR"})
+        # The child runs in the logs folder: without this it would import
+        # whatever kvpool the interpreter's install points at, not this one.
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (KVPOOL_ROOT, env.get("PYTHONPATH", "")) if p
+        )
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", _CHILD],
@@ -214,6 +227,7 @@ class Harness:
         chunks: int = DEFAULT_CHUNKS,
         memory: str = "lmcache",
         seed: int = 1,
+        file_dir: str | None = None,
     ) -> None:
         from kvpool.cli.bench.lmcache_stack import Stack
 
@@ -224,7 +238,7 @@ class Harness:
         self._logs = tempfile.TemporaryDirectory(prefix="kvpool-bench-lmcache-logs-")
         self.children: dict[str, _Child] = {}
         self.errors: dict[str, str] = {}
-        self.stack = Stack(stores, chunks * CHUNK_BYTES)
+        self.stack = Stack(stores, chunks * CHUNK_BYTES, file_dir)
         try:
             self._start(memory, seed)
         except BaseException:
@@ -267,14 +281,19 @@ class Harness:
             ready = child.ask(None, START_S)
             if "fatal" in ready:
                 raise SkipBenchmark(f"the {side} process: {ready['fatal']}")
+            if ready.get("kvpool_root") != KVPOOL_ROOT:
+                raise RuntimeError(
+                    f"the {side} process imported kvpool from {ready.get('kvpool_root')}, "
+                    f"not from {KVPOOL_ROOT} as this one: it would measure other code"
+                )
             self.errors.update(ready.get("errors", {}))
             built.update(ready.get("built", {}))
         self.info["built"] = built
         for name in names:  # warm-up, not counted
-            self.round(name)
+            self.one_pass(name)
 
-    def round(self, name: str) -> dict[str, float] | None:
-        """One round of contender ``name``, then its server emptied; None once it has failed."""
+    def one_pass(self, name: str) -> dict[str, float] | None:
+        """One put + get of contender ``name``, then its server emptied; None once it failed."""
         if name in self.errors:
             return None
         contender = CONTENDERS[name]
@@ -299,8 +318,12 @@ class Harness:
             late[name] = late.get(name, 0) + reply["late"]
         return {"put_s": reply["put_s"], "get_s": reply["get_s"]}
 
-    def measure(self, rounds: int) -> dict[str, dict[str, dict[str, list[float]]]]:
-        """``rounds`` interleaved rounds of every pair: pair -> side -> put_s/get_s -> seconds."""
+    def measure(self, rounds: int, passes: int = 1) -> dict[str, dict[str, dict[str, list[float]]]]:
+        """``rounds`` interleaved rounds of every pair: pair -> side -> put_s/get_s -> seconds.
+
+        In a round each pair runs its two contenders one after the other,
+        each for ``passes`` passes back to back; every pass is a sample.
+        """
         out = {
             p.key: {s: {"put_s": [], "get_s": []} for s in ("kvpool", "lmcache")}
             for p in self.pairs
@@ -311,8 +334,10 @@ class Harness:
                 if (r + i) % 2:
                     order.reverse()
                 for side, name in order:
-                    got = self.round(name)
-                    if got is not None:
+                    for _ in range(passes):
+                        got = self.one_pass(name)
+                        if got is None:
+                            break
                         for what, seconds in got.items():
                             out[pair.key][side][what].append(seconds)
         return out
@@ -340,8 +365,21 @@ class Harness:
         self._logs.cleanup()
 
 
+def spread(seconds: list[float]) -> float | None:
+    """How widely the passes of one case vary: (90th - 10th percentile) / median.
+
+    The deciles rather than the extremes: on a shared machine one pass in
+    twenty or thirty meets another job, and max - min would measure that
+    job.  None for fewer than two passes.
+    """
+    if len(seconds) < 2:
+        return None
+    deciles = statistics.quantiles(seconds, n=10, method="inclusive")
+    return (deciles[-1] - deciles[0]) / statistics.median(seconds)
+
+
 def summarize(harness: Harness, samples: dict[str, Any]) -> dict[str, Any]:
-    """Medians, ratios and targets per pair, plus why a pair has no figures."""
+    """Medians, ratios, spreads and targets per pair, plus why a pair has no figures."""
     rows: dict[str, Any] = {}
     for pair in harness.pairs:
         row: dict[str, Any] = {
@@ -364,6 +402,8 @@ def summarize(harness: Harness, samples: dict[str, Any]) -> dict[str, Any]:
                 "ratio_best": min(lmc) / min(k) if k and lmc else None,
                 "met": None if ratio is None else ratio >= pair.target,
                 "rounds": [len(k), len(lmc)],
+                "spread": [spread(k), spread(lmc)],
+                "range_s": [[min(k), max(k)] if k else None, [min(lmc), max(lmc)] if lmc else None],
             }
         problems = {
             n: harness.errors[n] for n in (pair.kvpool, pair.lmcache) if n in harness.errors
@@ -380,16 +420,24 @@ def _cell(value: float | None, unit: str = "") -> str:
     return f"{value:.2f}x" if unit == "x" else f"{value:.3f}"
 
 
+def _spreads(pair: dict[str, Any]) -> str:
+    """``kvpool/LMCache`` spread of one pair's put or get."""
+    return "/".join("-" if v is None else f"{v:.2f}" for v in pair["spread"])
+
+
 def format_report(result: dict[str, Any]) -> str:
-    """The table: per pair, put and get seconds of each side and their ratios."""
+    """The table: per pair, put and get seconds of each side, their ratios and spreads."""
     s = result["settings"]
+    passes = s.get("passes", 1)
     lines = [
         f"LMCache {result['lmcache']} StorageManager round trip: {s['chunks']} chunks x "
-        f"{CHUNK_BYTES >> 20} MiB bf16 KV_2LTD per round, median of {s['rounds']} interleaved "
-        f"rounds (+1 warm-up), {s['memory']} memory; ratio = LMCache s / kvpool s",
+        f"{CHUNK_BYTES >> 20} MiB bf16 KV_2LTD per pass, median of {s['rounds']} interleaved "
+        f"rounds x {passes} pass(es) (+1 warm-up), {s['memory']} memory"
+        + (f", files under {s['file_dir']}" if s.get("file_dir") else "")
+        + "; ratio = LMCache s / kvpool s",
     ]
-    head = ("pair", "LMCache connector", "put LMC", "put kvp", "put x", "(best)", "get LMC",
-            "get kvp", "get x", "(best)", "target")  # fmt: skip
+    head = ("pair", "LMCache connector", "put LMC", "put kvp", "put x", "(best)", "spread",
+            "get LMC", "get kvp", "get x", "(best)", "spread", "target")  # fmt: skip
     rows = [head]
     for key, row in result["pairs"].items():
         put, get = row["put"], row["get"]
@@ -397,8 +445,9 @@ def format_report(result: dict[str, Any]) -> str:
         verdict = "" if not marks else ("met" if all(marks) else "NOT met")
         rows.append(
             (key, row["label"], _cell(put["lmcache_s"]), _cell(put["kvpool_s"]),
-             _cell(put["ratio"], "x"), _cell(put["ratio_best"], "x"), _cell(get["lmcache_s"]),
-             _cell(get["kvpool_s"]), _cell(get["ratio"], "x"), _cell(get["ratio_best"], "x"),
+             _cell(put["ratio"], "x"), _cell(put["ratio_best"], "x"), _spreads(put),
+             _cell(get["lmcache_s"]), _cell(get["kvpool_s"]), _cell(get["ratio"], "x"),
+             _cell(get["ratio_best"], "x"), _spreads(get),
              f">={row['target']:g}x {verdict}".rstrip())
         )  # fmt: skip
     widths = [max(len(r[c]) for r in rows) for c in range(len(head))]
@@ -410,8 +459,9 @@ def format_report(result: dict[str, Any]) -> str:
             ).rstrip()
         )
     lines.append(
-        "(medians, in seconds per round of every chunk; put = until the remote holds every key; "
-        "(best) = the ratio of the fastest rounds; 'met' reads the median ratios)"
+        "(medians, in seconds per pass of every chunk; put = until the remote holds every key; "
+        "(best) = the ratio of the fastest passes; spread = kvpool/LMCache (90th - 10th "
+        "percentile) / median of the passes; 'met' reads the median ratios)"
     )
     errors = {n: e for row in result["pairs"].values() for n, e in row.get("errors", {}).items()}
     for name, why in errors.items():
@@ -430,21 +480,34 @@ def format_report(result: dict[str, Any]) -> str:
 
 
 def run(
-    rounds: int, chunks: int, stores: list[str], memory: str = "lmcache", seed: int = 1
+    rounds: int,
+    chunks: int,
+    stores: list[str],
+    memory: str = "lmcache",
+    seed: int = 1,
+    passes: int = 1,
+    file_dir: str | None = None,
 ) -> dict[str, Any]:
     """Start everything, measure ``rounds`` interleaved rounds, stop everything; the result."""
     from kvpool.cli.bench.report import machine_info
 
     version = require_lmcache()
-    harness = Harness(stores, chunks, memory, seed)
+    harness = Harness(stores, chunks, memory, seed, file_dir)
     try:
-        samples = harness.measure(rounds)
+        samples = harness.measure(rounds, passes)
         pairs = summarize(harness, samples)
     finally:
         harness.close()
     return {
         "lmcache": version,
-        "settings": {"rounds": rounds, "chunks": chunks, "stores": stores, "memory": memory},
+        "settings": {
+            "rounds": rounds,
+            "passes": passes,
+            "chunks": chunks,
+            "stores": stores,
+            "memory": memory,
+            "file_dir": file_dir,
+        },
         "machine": machine_info(),
         "info": harness.info,
         "pairs": pairs,
@@ -490,6 +553,12 @@ def main(argv: list[str] | None = None) -> int:
         help=f"2 MiB chunks per round (default {DEFAULT_CHUNKS})",
     )
     p.add_argument(
+        "--passes",
+        type=_positive,
+        default=DEFAULT_PASSES,
+        help=f"passes of each contender, back to back, in every round (default {DEFAULT_PASSES})",
+    )
+    p.add_argument(
         "--only-stores",
         type=_stores,
         default=list(STORES),
@@ -502,7 +571,12 @@ def main(argv: list[str] | None = None) -> int:
         default="lmcache",
         help="whose allocators hold the chunks, on both sides (default lmcache)",
     )
-    p.add_argument("--json", metavar="PATH", help="also write every round's figures as JSON")
+    p.add_argument(
+        "--file-dir",
+        metavar="DIR",
+        help="make the file store's folders under DIR (default /dev/shm): e.g. a disk folder",
+    )
+    p.add_argument("--json", metavar="PATH", help="also write every pass's figures as JSON")
     args = p.parse_args(argv)
     if args.json and not Path(args.json).resolve().parent.is_dir():
         print(f"lmcache_remote: --json {args.json}: no such directory", file=sys.stderr)
@@ -510,7 +584,17 @@ def main(argv: list[str] | None = None) -> int:
     # A SIGTERM (e.g. a test's timeout) unwinds, so the servers and children are stopped.
     signal.signal(signal.SIGTERM, _terminated)
     try:
-        result = run(args.rounds, args.chunks, args.only_stores, args.memory)
+        if args.file_dir is not None and not os.path.isdir(args.file_dir):
+            print(f"lmcache_remote: --file-dir {args.file_dir}: no such folder", file=sys.stderr)
+            return 2
+        result = run(
+            args.rounds,
+            args.chunks,
+            args.only_stores,
+            args.memory,
+            passes=args.passes,
+            file_dir=args.file_dir,
+        )
     except SkipBenchmark as exc:
         print(f"lmcache_remote cannot run here: {exc}", file=sys.stderr)
         return 2

@@ -69,7 +69,7 @@ def _delete_every_key(port: int) -> None:
 class Stack:
     """The servers of one run; close it (or use ``with``) to stop them all."""
 
-    def __init__(self, stores: list[str], round_bytes: int) -> None:
+    def __init__(self, stores: list[str], round_bytes: int, file_dir: str | None = None) -> None:
         """Start the servers of ``stores`` (names of :data:`STORES`).
 
         Args:
@@ -77,6 +77,8 @@ class Stack:
             round_bytes: bytes one contender's round stores (sizes the
                 Mooncake segment: rounds are wiped, so four rounds' worth
                 is plenty).
+            file_dir: the folder under which the ``file`` kind's folders
+                are made (None: /dev/shm, else the temporary folder).
         """
         unknown = [s for s in stores if s not in STORES]
         if unknown:
@@ -86,6 +88,7 @@ class Stack:
         self._redis: Any = None
         self._cluster: Any = None
         self._folder: str | None = None
+        self._file_dir = file_dir
         self._mooncake: Any = None
         self._wiper: Any = None
         at: dict[str, str | None] = {}
@@ -127,7 +130,9 @@ class Stack:
         self.where["cluster"] = f"3 cluster masters on {at['cluster']}"
 
     def _start_file(self, at: dict[str, str | None], round_bytes: int) -> None:
-        base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+        base = self._file_dir or (
+            "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+        )
         self._folder = tempfile.mkdtemp(prefix="kvpool-bench-lmcache-", dir=base)
         for sub in ("kvpool-file", "lmcache-fs"):
             os.mkdir(os.path.join(self._folder, sub))
