@@ -163,3 +163,43 @@ def test_a_layout_kvpool_cannot_address_is_refused_at_registration(tmp_path) -> 
     config = storage_config(f"file://{tmp_path}")
     with pytest.raises(HiCacheConfigError, match="--hicache-mem-layout page_first"):
         load_backend(config, mha_pool("page_unified"))
+
+
+def test_mooncake_pages_are_stored_headerless_unless_told_and_the_kinds_never_meet(
+    mooncake, backends
+) -> None:
+    model = uuid.uuid4().hex
+    pool = mha_pool("page_first")
+    raw = backends(storage_config(mooncake.url, model=model), pool)
+    assert raw.store.headerless  # as SGLang's own Mooncake backend: the bytes alone
+    src, wrote = _fill(pool, 2, seed=8)
+    keys = _keys(2)
+    assert raw.batch_set_v1(keys, src) == [True, True]
+    _, sizes = pool.get_page_buffer_meta(src[:PAGE])
+    client = raw.store.store.client
+    name = raw.store.store.object_key(raw.pages.names(keys[:1])[0])
+    assert client.get_size(name) == sizes[0]  # no header in front of the range
+    headed = [  # told in the URL's query, told in the extra config
+        backends(
+            storage_config(mooncake.url + "&headerless=0", model=model), mha_pool("page_first")
+        ),
+        backends(
+            storage_config(mooncake.url, model=model, headerless=False), mha_pool("page_first")
+        ),
+    ]
+    for other in headed:
+        assert not other.store.headerless
+        assert other.pages.space.tag != raw.pages.space.tag
+        assert other.batch_exists(keys) == 0  # the other kind's entries are other keys
+    assert headed[0].pages.space.tag == headed[1].pages.space.tag
+    other_pool = headed[0].pages.pool
+    src2, wrote2 = _fill(other_pool, 2, seed=9)
+    assert headed[0].batch_set_v1(keys, src2) == [True, True]
+    assert raw.batch_exists(keys) == 2 and headed[1].batch_exists(keys) == 2
+    dst = pool.alloc(2 * PAGE)
+    assert raw.batch_get_v1(keys, dst) == [True, True]
+    assert all(torch.equal(a, b) for a, b in zip(wrote, _pages(pool, dst), strict=True))
+    reader_pool = headed[1].pages.pool  # another process with headers reads them
+    dst2 = reader_pool.alloc(2 * PAGE)
+    assert headed[1].batch_get_v1(keys, dst2) == [True, True]
+    assert all(torch.equal(a, b) for a, b in zip(wrote2, _pages(reader_pool, dst2), strict=True))

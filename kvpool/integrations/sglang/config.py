@@ -14,6 +14,14 @@ backend reads:
 * every other key that the URL's store takes as an option (``timeout``,
   ``ttl``, ``prefix``, ``threads``...).
 
+Defaults the backend sets unless the configuration does
+(:data:`PAGE_DEFAULTS`): ``headerless`` on for a store that has it
+(Mooncake): each range is stored as its bytes alone, one Mooncake buffer
+instead of two, as SGLang's own Mooncake backend stores pages.  What the
+header would check - layout, dtype, format - is in the key's tag already
+(:mod:`kvpool.integrations.sglang.pages`); the size is still checked.
+``"headerless": 0`` (or ``headerless=0`` in the URL) keeps kvpool's header.
+
 SGLang's own keys (:data:`SGLANG_KEYS`) are left alone.  Anything else -
 a misspelt option, a bad URL - raises :class:`HiCacheConfigError` while
 SGLang attaches the backend, naming the key, the closest accepted name
@@ -22,14 +30,23 @@ and the fix; passwords are shown as ``***``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 from kvpool.errors import InvalidArgumentError
 from kvpool.integrations.shared.settings import StoreSettings, read_store_settings
+from kvpool.remote import store_options
 
-__all__ = ["DEFAULT_CALL_TIMEOUT", "SGLANG_KEYS", "HiCacheConfigError", "read_config"]
+__all__ = [
+    "DEFAULT_CALL_TIMEOUT",
+    "PAGE_DEFAULTS",
+    "SGLANG_KEYS",
+    "HiCacheConfigError",
+    "read_config",
+]
 
 #: Keys of the extra config that SGLang reads itself (0.5.23).
 SGLANG_KEYS = frozenset(
@@ -50,6 +67,9 @@ SGLANG_KEYS = frozenset(
 DEFAULT_CALL_TIMEOUT = 10.0
 
 _OWN_KEYS = frozenset({"call_timeout"})
+
+#: Store options the backend sets unless the configuration (or the URL's query) does.
+PAGE_DEFAULTS: Mapping[str, Any] = {"headerless": True}
 
 
 class HiCacheConfigError(InvalidArgumentError):
@@ -101,4 +121,18 @@ def read_config(extra: Mapping[str, Any] | None) -> tuple[StoreSettings, float]:
         engine_keys=SGLANG_KEYS | _OWN_KEYS,
         error=HiCacheConfigError,
     )
-    return settings, float(timeout)
+    return _with_defaults(settings), float(timeout)
+
+
+def _with_defaults(settings: StoreSettings) -> StoreSettings:
+    """``settings`` plus the :data:`PAGE_DEFAULTS` its store takes and nobody set."""
+    accepted = store_options(settings.url)
+    in_query = set(parse_qs(urlsplit(settings.url).query))
+    added = {
+        name: value
+        for name, value in PAGE_DEFAULTS.items()
+        if name in accepted and name not in settings.options and name not in in_query
+    }
+    if not added:
+        return settings
+    return dataclasses.replace(settings, options={**settings.options, **added})

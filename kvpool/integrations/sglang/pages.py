@@ -21,9 +21,12 @@ is SGLang's page hash, the configuration's tag and the range's index
 (:class:`~kvpool.integrations.shared.keys.KeySpace`): the tag covers the
 model, the parallel ranks and sizes that change a page's bytes (TP for
 MHA, PP, attention CP, DCP), the KV dtype, the layout and the page
-geometry, so pages of different configurations never mix.  MLA pages are
-the same on every TP rank, so their keys leave the TP rank out and one
-rank writes them (``is_storage_writer``).
+geometry, so pages of different configurations never mix; a store that
+keeps each range's bytes alone, without kvpool's header (Mooncake's
+``headerless``), adds that to the tag, so its entries and those of a store
+with headers never meet under one key.  MLA pages are the same on every TP
+rank, so their keys leave the TP rank out and one rank writes them
+(``is_storage_writer``).
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ class PageMap:
         pool: SGLang's host pool (registered by ``register_mem_pool_host``).
         storage_config: SGLang's ``HiCacheStorageConfig``.
         label: names the backend in messages.
+        headerless: the store keeps entries without kvpool's header (in the tag).
 
     Raises:
         HiCacheConfigError: a pool without host memory (allocator-only),
@@ -78,7 +82,9 @@ class PageMap:
         is_mla: the pool is an MLA pool (pages shared by the TP ranks).
     """
 
-    def __init__(self, pool: Any, storage_config: Any, label: str) -> None:
+    def __init__(
+        self, pool: Any, storage_config: Any, label: str, headerless: bool = False
+    ) -> None:
         self.pool = pool
         self.is_mla = bool(storage_config.is_mla_model)
         layout = getattr(pool, "layout", None)
@@ -104,7 +110,10 @@ class PageMap:
         self.dtype: torch.dtype = pool.dtype
         for ptr, size in zip(ptrs, sizes, strict=True):
             self._lender(int(ptr), int(size), label)
-        self.space = KeySpace("sglang-hicache", **self._identity(pool, storage_config, layout))
+        parts = self._identity(pool, storage_config, layout)
+        if headerless:
+            parts["entries"] = "headerless"
+        self.space = KeySpace("sglang-hicache", **parts)
 
     @staticmethod
     def _identity(pool: Any, config: Any, layout: object) -> dict[str, object]:

@@ -121,7 +121,8 @@ class KVPoolHiCacheStorage(HiCacheStorage):
                 then fails to attach the backend, naming the fix).
         """
         super().register_mem_pool_host(mem_pool_host)
-        self.pages = PageMap(mem_pool_host, self.storage_config, self.label)
+        headerless = bool(getattr(self.store, "headerless", False))
+        self.pages = PageMap(mem_pool_host, self.storage_config, self.label, headerless)
         register = getattr(self.store, "register_memory", None)
         if register is not None:
             for lender in self.pages.lenders:
