@@ -20,6 +20,7 @@ cluster_put_get    optional: RedisClusterStore, 3 masters      RedisStore, one s
 mooncake_put_get   optional: MooncakeStore batched put/get     raw Mooncake batch calls
 async_put_get      optional: asyncio cluster/Mooncake stores   their blocking stores
 lmcache_remote     optional: LMCache round trip via plugin     LMCache's own connectors
+sglang_hicache     optional: SGLang HiCache L3 via backend     SGLang's own backends
 =================  ==========================================  ==========================
 
 Every benchmark lives in this package, so that ``kvpool bench`` works after
@@ -140,6 +141,11 @@ OPTIONAL: dict[str, OptionalSource] = {
     "lmcache_remote": OptionalSource(
         "LMCache StorageManager round trip: kvpool's remote plugin vs LMCache's connectors",
         modules=("kvpool.cli.bench.lmcache_remote",),
+    ),
+    # Needs SGLang (its compat venv); starts the servers it measures on.
+    "sglang_hicache": OptionalSource(
+        "SGLang HiCache L3 set/get: kvpool's backend vs SGLang's own backends and redis-benchmark",
+        modules=("kvpool.cli.bench.sglang_hicache",),
     ),
 }
 

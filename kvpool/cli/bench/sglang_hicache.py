@@ -2,277 +2,346 @@
 
 ::
 
-    python -m kvpool.cli.bench.sglang_hicache [--rounds 7] [--pages 32] [--only file,mooncake,redis]
+    python -m kvpool bench --only sglang_hicache              # in an environment with SGLang
+    python -m kvpool.cli.bench.sglang_hicache [--rounds 7] [--pages 32]
+        [--only file_shm,file_disk,mooncake,redis,cluster] [--disk-dir DIR] [--json PATH]
 
 Runs in an environment with SGLang 0.5.23 (``make compat`` builds one;
-``tests/compat/make_venv.py --requirements tests/compat/requirements-sgl0523.txt``
-prints its Python).  One SGLang host pool (MHA, ``page_first``, bfloat16,
-16 layers x 8 heads x 128, pages of 64 tokens: 4 MiB a page) is filled
-with random bytes once.  A round of a contender writes ``pages`` new pages
-and reads them back into other pages of the pool, each as SGLang's cache
-controller calls its backend:
+``python tests/compat/make_venv.py --requirements tests/compat/requirements-sgl0523.txt``
+prints its Python).  The contenders and what a round is:
+:mod:`kvpool.cli.bench.sglang_pairs` (SGLang's own host pool, 32 pages of
+4 MiB a round, every page read back checked).  The pairs:
 
-* **kvpool**: ``batch_set_v1`` / ``batch_get_v1`` of
-  :class:`~kvpool.integrations.sglang.KVPoolHiCacheStorage` (pages moved in place);
-* **HiCacheFile** (SGLang's file backend, no ``interface_v1``): the
-  controller's generic path - ``get_data_page`` then ``batch_set``;
-  ``get_dummy_flat_data_page``, ``batch_get``, ``set_from_flat_data_page``;
-* **SGLang Mooncake** (``MooncakeStore``, zero copy, registered host pool):
-  ``batch_set_v1`` / ``batch_get_v1``.
+=========  =======================================  ============================  ======
+pair       kvpool's backend on                      compared with                 target
+=========  =======================================  ============================  ======
+file_shm   ``file://`` in /dev/shm (tmpfs)          ``HiCacheFile``, same folder  2x
+file_disk  ``file://`` in ``--disk-dir`` (/tmp)     ``HiCacheFile``, same folder  2x
+mooncake   ``mooncake://``, local master + node     SGLang's ``MooncakeStore``    1.0x
+redis      ``redis://``, one local server           ``redis-benchmark``           -
+cluster    ``redis-cluster://``, 3 local masters    ``redis-benchmark --cluster`` -
+=========  =======================================  ============================  ======
 
-Pairs: ``file`` (kvpool ``file://`` vs HiCacheFile, two sibling
-directories of one file system), ``mooncake`` (both on one local master).
-``redis`` has no SGLang backend to compare: kvpool+redis is set against
-``redis-benchmark`` SET/GET of the same value size on the same server.
+The file pairs also time a bound, ``bare os.write/os.preadv`` (each range
+into a new file with one call, read back with one), on the same file
+system: what the file system itself costs for the round's bytes.
 
-Rounds interleave the contenders (order flipping each round); the first
-round is a warm-up.  A ratio is SGLang's median seconds over kvpool's (>1:
-kvpool faster); the spread is the min-max of the per-round ratios.  Every
-page read back is compared byte for byte (untimed).
+Rounds interleave every contender of every pair (the order rotating from
+round to round); each contender's round starts on an empty store (the
+server or folder is emptied after every round, untimed); the first round
+is a warm-up.  A ratio is the other contender's seconds over kvpool's (> 1:
+kvpool is faster), per round; the report gives the median of the rounds'
+ratios and their spread (min-max), and the median MiB/s of each side.  The
+load average before and after is printed: a shared machine's figures mean
+little without it.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
-import shutil
+import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
-import uuid
 from pathlib import Path
 from typing import Any
 
-import torch
+from kvpool.cli.bench.core import Benchmark, Case, Metric, Settings, SkipBenchmark
 
-LAYERS, HEADS, DIM, PAGE = 16, 8, 128, 64
+__all__ = ["DEFAULT_PAGES", "DEFAULT_ROUNDS", "PAIRS", "Harness", "kvpool_benchmark", "main"]
 
-
-def _pool(pages: int) -> Any:
-    from sglang.srt.mem_cache.device_pool_info import KVBufferLayout, KVBuffers, MHABufferInfo
-    from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
-
-    tokens = 2 * pages * PAGE + PAGE
-    k = tuple(torch.zeros(1, HEADS, DIM, dtype=torch.bfloat16) for _ in range(LAYERS))
-    v = tuple(torch.zeros(1, HEADS, DIM, dtype=torch.bfloat16) for _ in range(LAYERS))
-    ptrs = [torch.tensor([t.data_ptr() for t in ts], dtype=torch.uint64) for ts in (k, v)]
-    info = MHABufferInfo(
-        buffers=KVBuffers(k=k, v=v, k_data_ptrs=ptrs[0], v_data_ptrs=ptrs[1],
-                          layout=KVBufferLayout.NHD),
-        page_size=PAGE, head_num=HEADS, head_dim=DIM, v_head_dim=DIM, dtype=torch.bfloat16,
-        device=torch.device("cpu"),
-    )  # fmt: skip
-    return MHATokenToKVPoolHost(
-        info, 1.0, 0, PAGE, "page_first", pin_memory=False, device="cpu",
-        device_capacity_tokens=tokens, start_layer=0, end_layer=LAYERS,
-    )  # fmt: skip
+DEFAULT_ROUNDS = 7
+DEFAULT_PAGES = 32
+#: Every pair, in the order they are reported.
+PAIRS = ("file_shm", "file_disk", "mooncake", "redis", "cluster")
+_OPS = ("set", "get")
 
 
-def _config(extra: dict[str, Any]) -> Any:
-    from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
+def require_sglang() -> str:
+    """SGLang's version, or SkipBenchmark saying how to get an environment that has it."""
+    import importlib.metadata
+    import importlib.util
 
-    return HiCacheStorageConfig(
-        tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
-        is_mla_model=False, enable_storage_metrics=False, is_page_first_layout=True,
-        model_name="bench/model", extra_config=extra,
-    )  # fmt: skip
-
-
-def _kvpool(url: str, pool: Any) -> Any:
-    from kvpool.integrations.sglang import KVPoolHiCacheStorage
-
-    backend = KVPoolHiCacheStorage(_config({
-        "backend_name": "kvpool", "module_path": "kvpool.integrations.sglang",
-        "class_name": "KVPoolHiCacheStorage", "interface_v1": 1, "url": url,
-    }))  # fmt: skip
-    backend.register_mem_pool_host(pool)
-    return backend
+    if importlib.util.find_spec("sglang") is None:
+        raise SkipBenchmark(
+            "SGLang is not installed in this Python; run it with the SGLang compat venv's python "
+            "(`python tests/compat/make_venv.py --requirements "
+            "tests/compat/requirements-sgl0523.txt` prints it)"
+        )
+    try:
+        return importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
-class Generic:
-    """SGLang's controller path for a backend without ``interface_v1`` (HiCacheFile)."""
+class Harness:
+    """The pages and the pairs of one run; :meth:`measure` runs interleaved rounds.
 
-    def __init__(self, backend: Any, pool: Any) -> None:
-        self.backend, self.pool = backend, pool
+    Args:
+        only: the pairs to start (names of :data:`PAIRS`).
+        pages: pages a round moves.
+        disk_dir: the folder of ``file_disk`` (None: the system's temporary folder).
+        seed: of the page contents.
 
-    def batch_set_v1(self, keys: list[str], idx: torch.Tensor) -> list[bool]:
-        data = [self.pool.get_data_page(idx[i * PAGE]) for i in range(len(keys))]
-        return [bool(self.backend.batch_set(keys, data))] * len(keys)
+    Attributes:
+        pairs: the pairs that started.
+        errors: pair name -> why it could not start, or the round that failed it.
+        info: the run's parameters and where each pair runs.
+    """
 
-    def batch_get_v1(self, keys: list[str], idx: torch.Tensor) -> list[bool]:
-        dummy = [self.pool.get_dummy_flat_data_page() for _ in keys]
-        got = self.backend.batch_get(keys, dummy)
-        out = []
-        for i, page in enumerate(got):
-            if page is None:
-                out.append(False)
-                continue
-            self.pool.set_from_flat_data_page(idx[i * PAGE], page)
-            out.append(True)
-        return out
+    def __init__(
+        self, only: list[str], pages: int, disk_dir: str | None = None, seed: int = 1
+    ) -> None:
+        from kvpool.cli.bench import sglang_pairs as sp
+
+        self.pages = sp.Pages(pages, seed)
+        self.errors: dict[str, str] = {}
+        self.pairs: list[sp.Pair] = []
+        makers = {
+            "file_shm": lambda: sp.file_pair("file_shm", self.pages, "/dev/shm"),
+            "file_disk": lambda: sp.file_pair("file_disk", self.pages, disk_dir),
+            "mooncake": lambda: sp.mooncake_pair(self.pages),
+            "redis": lambda: sp.redis_pair(self.pages, cluster=False),
+            "cluster": lambda: sp.redis_pair(self.pages, cluster=True),
+        }
+        for name in only:
+            try:
+                self.pairs.append(makers[name]())
+            except (SkipBenchmark, FileNotFoundError, ImportError, RuntimeError, OSError) as exc:
+                self.errors[name] = f"not started: {type(exc).__name__}: {exc}"
+        self.info: dict[str, Any] = {
+            "pages": pages,
+            "page_bytes": self.pages.nbytes // pages,
+            "entry_bytes": self.pages.ranges,
+            "where": {p.name: p.where for p in self.pairs},
+        }
+
+    def measure(self, rounds: int, warmup: bool = True) -> dict[str, dict[str, dict[str, list]]]:
+        """Interleaved rounds of every contender; pair -> contender -> {"set_s", "get_s"}.
+
+        A pair whose round fails (a page lost, a server gone) is dropped
+        from the run, the error kept in :attr:`errors`.
+        """
+        samples: dict[str, dict[str, dict[str, list[float]]]] = {
+            p.name: {c.label: {"set_s": [], "get_s": []} for c in p.contenders()}
+            for p in self.pairs
+        }
+        first = 0 if warmup else 1
+        for r in range(first, rounds + 1):
+            for i, pair in enumerate(list(self.pairs)):
+                order = pair.contenders()
+                k = (r + i) % len(order)
+                for contender in order[k:] + order[:k]:
+                    try:
+                        s, g = contender.round(self.pages, self.pages.keys())
+                        pair.empty()
+                    except Exception as exc:
+                        self.errors[pair.name] = f"{contender.label}: {type(exc).__name__}: {exc}"
+                        self.pairs.remove(pair)
+                        pair.close()
+                        del samples[pair.name]
+                        break
+                    if r:
+                        samples[pair.name][contender.label]["set_s"].append(s)
+                        samples[pair.name][contender.label]["get_s"].append(g)
+        return samples
 
     def close(self) -> None:
-        pass
+        """Close every backend and stop every server (idempotent)."""
+        while self.pairs:
+            self.pairs.pop().close()
 
 
-def _round(
-    backend: Any, pool: Any, src: torch.Tensor, dst: torch.Tensor, n: int
-) -> tuple[float, float]:
-    keys = [uuid.uuid4().hex * 2 for _ in range(n)]
-    pool.kv_buffer[:, dst] = 0
-    t0 = time.perf_counter()
-    ok = backend.batch_set_v1(keys, src)
-    t1 = time.perf_counter()
-    back = backend.batch_get_v1(keys, dst)
-    t2 = time.perf_counter()
-    if (
-        not all(ok)
-        or not all(back)
-        or not torch.equal(pool.kv_buffer[:, dst], pool.kv_buffer[:, src])
-    ):
-        raise RuntimeError(f"{backend!r}: a round lost or changed pages ({ok}, {back})")
-    return t1 - t0, t2 - t1
-
-
-def _pair(
-    name: str, contenders: dict[str, Any], pool: Any, pages: int, rounds: int
-) -> dict[str, Any]:
-    src = pool.alloc(pages * PAGE)
-    dst = pool.alloc(pages * PAGE)
-    pool.kv_buffer[:, src] = torch.randn(pool.kv_buffer[:, src].shape).to(torch.bfloat16)
-    times: dict[str, list[tuple[float, float]]] = {c: [] for c in contenders}
-    order = list(contenders)
-    for r in range(rounds + 1):
-        for c in order if r % 2 == 0 else order[::-1]:
-            t = _round(contenders[c], pool, src, dst, pages)
-            if r:
-                times[c].append(t)
-    pool.free(src)
-    pool.free(dst)
-    kv, sg = order
-    out: dict[str, Any] = {"pair": name, "mib": pages * pool.get_size_per_token() * PAGE / 2**20}
-    for j, op in enumerate(("set", "get")):
-        ratios = [s[j] / k[j] for k, s in zip(times[kv], times[sg], strict=True)]
-        out[op] = {
-            "kvpool_s": statistics.median(t[j] for t in times[kv]),
-            "sglang_s": statistics.median(t[j] for t in times[sg]),
-            "ratio": statistics.median(ratios),
-            "spread": (min(ratios), max(ratios)),
-        }
+def summarize(harness: Harness, samples: dict[str, Any]) -> dict[str, Any]:
+    """Per pair and operation: MiB/s of each contender, ratios per round, median and spread."""
+    mib = harness.pages.nbytes / 2**20
+    out: dict[str, Any] = {}
+    for pair in harness.pairs:
+        got = samples.get(pair.name)
+        if not got:
+            continue
+        row: dict[str, Any] = {"where": pair.where}
+        for op in _OPS:
+            kv = got[pair.kvpool.label][f"{op}_s"]
+            other = got[pair.other.label][f"{op}_s"]
+            ratios = [o / k for k, o in zip(kv, other, strict=True)]
+            row[op] = {
+                "kvpool_mib_s": mib / statistics.median(kv),
+                "other": pair.other.label,
+                "other_mib_s": mib / statistics.median(other),
+                "ratios": ratios,
+                "ratio": statistics.median(ratios),
+                "spread": [min(ratios), max(ratios)],
+                "bounds": {},
+            }
+            for bound in pair.bounds:
+                times = got[bound.label][f"{op}_s"]
+                share = [b / k for k, b in zip(kv, times, strict=True)]
+                row[op]["bounds"][bound.label] = {
+                    "mib_s": mib / statistics.median(times),
+                    "kvpool_share": statistics.median(share),
+                    "spread": [min(share), max(share)],
+                }
+        out[pair.name] = row
     return out
 
 
-def _show(result: dict[str, Any]) -> None:
-    mib = result["mib"]
-    for op in ("set", "get"):
-        r = result[op]
-        print(
-            f"{result['pair']:9s} {op}: kvpool {mib / r['kvpool_s']:8.0f} MiB/s, SGLang "
-            f"{mib / r['sglang_s']:8.0f} MiB/s, ratio {r['ratio']:.2f}x "
-            f"(rounds {r['spread'][0]:.2f}-{r['spread'][1]:.2f})"
-        )
-
-
-def _file_pair(pool: Any, pages: int, rounds: int, base: Path) -> dict[str, Any]:
-    from sglang.srt.mem_cache.hicache_storage import HiCacheFile
-
-    kv = _kvpool(f"file://{base / 'kvpool'}", pool)
-    hf = HiCacheFile(_config({"file_storage_path": str(base / "hicache")}))
-    try:
-        return _pair("file", {"kvpool": kv, "HiCacheFile": Generic(hf, pool)}, pool, pages, rounds)
-    finally:
-        kv.close()
-
-
-def _mooncake_pair(pool: Any, pages: int, rounds: int) -> dict[str, Any]:
-    from sglang.srt.mem_cache.storage.mooncake_store.mooncake_store import MooncakeStore
-
-    from kvpool.cli.bench.localservers import start_mooncake
-    from kvpool.cli.bench.mooncake_put_get import mooncake_folder
-
-    deployment = start_mooncake(mooncake_folder(), "1 GB")
-    try:
-        kv = _kvpool(deployment.url, pool)
-        sg = MooncakeStore(_config({
-            "master_server_address": deployment.master, "metadata_server": deployment.metadata,
-            "protocol": "tcp", "global_segment_size": 0, "local_hostname": "127.0.0.1",
-        }), pool)  # fmt: skip
-        sg.register_mem_pool_host(pool)
-        try:
-            return _pair("mooncake", {"kvpool": kv, "SGLang": sg}, pool, pages, rounds)
-        finally:
-            kv.close()
-    finally:
-        deployment.stop()
-
-
-def _redis(pool: Any, pages: int, rounds: int) -> None:
-    from kvpool.cli.bench.localservers import start_redis
-
-    server = shutil.which("redis-server")
-    bench = shutil.which("redis-benchmark")
-    if server is None or bench is None:
-        print("redis: no redis-server / redis-benchmark here; skipped")
-        return
-    srv = start_redis(server)
-    try:
-        kv = _kvpool(f"redis://127.0.0.1:{srv.port}/0", pool)
-        src = pool.alloc(pages * PAGE)
-        dst = pool.alloc(pages * PAGE)
-        sets, gets = [], []
-        for r in range(rounds + 1):
-            s, g = _round(kv, pool, src, dst, pages)
-            if r:
-                sets.append(s)
-                gets.append(g)
-        kv.close()
-        entry = pool.get_size_per_token() * PAGE // 2  # one K or V entry
-        mib = pages * 2 * entry / 2**20
-        print(f"redis     set: kvpool {mib / statistics.median(sets):8.0f} MiB/s "
-              f"({2 * pages} entries of {entry >> 10} KiB a round)")  # fmt: skip
-        print(f"redis     get: kvpool {mib / statistics.median(gets):8.0f} MiB/s")
-        for test in ("set", "get"):
-            done = subprocess.run(
-                [bench, "-p", str(srv.port), "-t", test, "-d", str(entry), "-n", str(8 * pages),
-                 "-c", "1", "-P", "16", "-q"],
-                capture_output=True, text=True, timeout=300,
-            )  # fmt: skip
-            line = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr
-            rps = float(line.split(":")[1].split()[0]) if ":" in line else 0.0
-            print(
-                f"redis     {test}: redis-benchmark {rps * entry / 2**20:8.0f} MiB/s "
-                f"({line.strip()})"
+def format_report(result: dict[str, Any]) -> str:
+    """The printed table: one line per pair and operation, then the bounds and errors."""
+    lines = [
+        f"SGLang HiCache L3, {result['info']['pages']} pages of "
+        f"{result['info']['page_bytes'] >> 20} MiB a round, {result['rounds']} rounds "
+        f"(load average before {result['load'][0]}, after {result['load'][1]})"
+    ]
+    for name, row in result["pairs"].items():
+        for op in _OPS:
+            r = row[op]
+            lines.append(
+                f"{name:9s} {op}: kvpool {r['kvpool_mib_s']:7.0f} MiB/s, {r['other']} "
+                f"{r['other_mib_s']:7.0f} MiB/s: {r['ratio']:.2f}x (rounds "
+                f"{r['spread'][0]:.2f}-{r['spread'][1]:.2f})"
             )
+            for label, b in r["bounds"].items():
+                lines.append(
+                    f"{'':9s} {op}: {label} {b['mib_s']:7.0f} MiB/s; kvpool at "
+                    f"{b['kvpool_share']:.2f} of it ({b['spread'][0]:.2f}-{b['spread'][1]:.2f})"
+                )
+    for name, row in result["pairs"].items():
+        lines.append(f"{name}: {row['where']}")
+    for name, why in result["errors"].items():
+        lines.append(f"{name}: {why}")
+    return "\n".join(lines)
+
+
+def run(only: list[str], pages: int, rounds: int, disk_dir: str | None) -> dict[str, Any]:
+    """Start the pairs, measure, stop them; the result as :func:`format_report` reads it."""
+    version = require_sglang()
+    load = [os.getloadavg()]
+    harness = Harness(only, pages, disk_dir)
+    try:
+        samples = harness.measure(rounds)
+        load.append(os.getloadavg())
+        return {
+            "sglang": version,
+            "rounds": rounds,
+            "load": [" ".join(f"{x:.2f}" for x in avg) for avg in load],
+            "info": harness.info,
+            "pairs": summarize(harness, samples),
+            "samples": samples,
+            "errors": harness.errors,
+        }
     finally:
-        srv.stop()
+        harness.close()
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _pairs(text: str) -> list[str]:
+    names = [n for n in text.split(",") if n]
+    unknown = [n for n in names if n not in PAIRS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"choose from {','.join(PAIRS)}, got {text!r}")
+    return names
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the pairs and print their ratios (see the module docstring)."""
+    """Command line; 0 when every pair asked for was measured, 1 otherwise, 2 without SGLang."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--pages", type=int, default=32)
-    parser.add_argument("--only", default="file,mooncake,redis")
-    parser.add_argument("--dir", default=None, help="where the file pair writes (default /tmp)")
+    parser.add_argument("--rounds", type=_positive, default=DEFAULT_ROUNDS)
+    parser.add_argument("--pages", type=_positive, default=DEFAULT_PAGES)
+    parser.add_argument("--only", type=_pairs, default=list(PAIRS), metavar="PAIR[,PAIR]")
+    parser.add_argument(
+        "--disk-dir", default=None, help=f"file_disk's folder (default {tempfile.gettempdir()})"
+    )
+    parser.add_argument("--json", metavar="PATH", help="also write every round's figures")
     args = parser.parse_args(argv)
+    logging.disable(logging.WARNING)  # SGLang's and Mooncake's start-up chatter
     try:
-        import sglang  # noqa: F401
-    except ImportError:
-        print("sglang_hicache: SGLang is not installed here (make compat builds an environment)")
+        result = run(args.only, args.pages, args.rounds, args.disk_dir)
+    except SkipBenchmark as exc:
+        print(f"sglang_hicache cannot run here: {exc}", file=sys.stderr)
         return 2
+    print(format_report(result))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    return 0 if set(result["pairs"]) == set(args.only) else 1
+
+
+# -- kvpool bench -------------------------------------------------------------
+
+
+def _setup(settings: Settings) -> Case:
+    """``kvpool bench`` form: each trial is the medians of its interleaved rounds."""
+    version = require_sglang()
     logging.disable(logging.WARNING)
-    pool = _pool(args.pages)
-    only = set(args.only.split(","))
-    if "file" in only:
-        with tempfile.TemporaryDirectory(dir=args.dir) as base:
-            _show(_file_pair(pool, args.pages, args.rounds, Path(base)))
-    if "mooncake" in only:
-        _show(_mooncake_pair(pool, args.pages, args.rounds))
-    if "redis" in only:
-        _redis(pool, args.pages, args.rounds)
-    return 0
+    pages = 4 if settings.quick else DEFAULT_PAGES
+    rounds = settings.count(5)
+    harness = Harness(list(PAIRS), pages, seed=settings.seed)
+    harness.info.update({"sglang": version, "rounds_per_trial": rounds, "errors": harness.errors})
+    if not harness.pairs:
+        raise SkipBenchmark(f"no pair could start: {harness.errors}")
+    metrics = [
+        Metric(f"{p.name}_{op}", f"{p.name} {op} vs {p.other.label}", "s")
+        for p in harness.pairs
+        for op in _OPS
+    ]
+    sides = {
+        "kvpool backend": lambda p: [p.kvpool],
+        "SGLang backend / redis-benchmark": lambda p: [p.other],
+        "bare file I/O (bound)": lambda p: p.bounds,
+    }
+    trial: dict[str, dict[str, float]] = {}
+    warm: list[bool] = []
+
+    def side(name: str) -> Any:
+        # The sides are measured together, interleaved round by round: the
+        # variant the runner calls first in a trial measures, the others
+        # return their share of the same trial.
+        def one() -> dict[str, float]:
+            if name not in trial:
+                trial.clear()
+                samples = harness.measure(rounds, warmup=not warm)
+                warm.append(True)
+                for side_name, members in sides.items():
+                    trial[side_name] = {
+                        f"{p.name}_{op}": statistics.median(times)
+                        for p in harness.pairs
+                        for c in members(p)
+                        for op in _OPS
+                        if (times := samples.get(p.name, {}).get(c.label, {}).get(f"{op}_s"))
+                    }
+            return trial.pop(name)
+
+        return one
+
+    return Case(
+        metrics=metrics,
+        variants={name: side(name) for name in sides},
+        subject="kvpool backend",
+        baseline="SGLang backend / redis-benchmark",
+        info=harness.info,
+        cleanup=harness.close,
+    )
+
+
+SGLANG_HICACHE = Benchmark(
+    "sglang_hicache",
+    "SGLang HiCache L3 set/get of 32 x 4 MiB pages: kvpool's backend vs SGLang's",
+    _setup,
+)
+
+
+def kvpool_benchmark() -> Benchmark:
+    """The hook :mod:`kvpool.cli.bench` looks for (SkipBenchmark without SGLang)."""
+    require_sglang()
+    return SGLANG_HICACHE
 
 
 if __name__ == "__main__":
