@@ -129,6 +129,9 @@ class AddressManager(BatchPlacement):
         # Offsets no extent may cross (CUDA registration boundaries), and the
         # longest extent that fits between two of them.
         self._barriers = Barriers()
+        # Its list and set, kept for the hot paths (changed in place only).
+        self._cuts = self._barriers.offsets
+        self._cut_set = self._barriers.members
         self._widest = max_size if max_size is not None else 1 << 64
 
     # ------------------------------------------------------------------
@@ -254,7 +257,7 @@ class AddressManager(BatchPlacement):
             block = self._hole_start.pop(start)
             del self._hole_end[start + block]
         elif self._size - self._top >= aligned and (
-            not self._barriers or not self._barriers.crosses(self._top, self._top + aligned)
+            not self._cuts or not self._barriers.crosses(self._top, self._top + aligned)
         ):
             start = self._top
             self._top = start + aligned
@@ -263,7 +266,7 @@ class AddressManager(BatchPlacement):
             hole = self._take_tight_hole(units)
             if hole is not None:
                 start, block = hole
-            elif self._barriers:  # past the barriers in the top, if it fits there
+            elif self._cuts:  # past the barriers in the top, if it fits there
                 start = self._carve_top(aligned, 1, size)[0][0]
                 block = aligned
             else:
@@ -344,7 +347,7 @@ class AddressManager(BatchPlacement):
         Holes never merge across a barrier; the top does (it may span them),
         so a range freed at the top takes every hole that then ends there.
         """
-        barriers = self._barriers
+        barriers = self._cut_set
         left = self._hole_end.get(start)
         if left is not None and start not in barriers:
             self._drop_hole(left, start - left)
@@ -491,7 +494,7 @@ class AddressManager(BatchPlacement):
     def largest_free_locked(self) -> int:
         """:meth:`largest_free_block` for a caller that holds the manager's lock."""
         largest = self._size - self._top
-        if self._barriers and largest:
+        if self._cuts and largest:
             largest = self._barriers.longest_run(self._top, self._size)
         if self._bitmap:
             top_cls = self._bitmap.bit_length() - 1

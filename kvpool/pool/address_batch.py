@@ -40,6 +40,7 @@ class BatchPlacement:
     _hole_start: dict[int, int]
     _live: dict[int, int]
     _barriers: Barriers
+    _cuts: list[int]
 
     def _take_hole(self, units: int) -> tuple[int, int] | None:
         raise NotImplementedError
@@ -110,7 +111,7 @@ class BatchPlacement:
         if hole is not None:
             pieces = [hole]
         elif self._size - self._top >= total and (
-            not self._barriers or not self._barriers.crosses(self._top, self._top + total)
+            not self._cuts or not self._barriers.crosses(self._top, self._top + total)
         ):
             pieces = [(self._top, total)]
             self._top += total

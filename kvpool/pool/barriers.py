@@ -45,45 +45,51 @@ def boundaries(spans: Iterable[tuple[int, int]], size: int) -> list[int]:
 class Barriers:
     """A sorted set of barrier offsets.
 
+    Attributes:
+        offsets: the barriers, ascending; ``members``: the same as a set.
+            Both are changed in place only (a placement may keep them and
+            test them on its hot path without a call: an empty list is
+            false, ``x in members`` is a set lookup).
+
     Complexity: ``next_after`` and ``crosses`` are O(log n); ``add`` is
     O(n log n) (barriers come rarely: when a pool is made or grows).
     """
 
-    __slots__ = ("_offsets", "_set")
+    __slots__ = ("members", "offsets")
 
     def __init__(self) -> None:
-        self._offsets: list[int] = []
-        self._set: set[int] = set()
+        self.offsets: list[int] = []
+        self.members: set[int] = set()
 
     def __bool__(self) -> bool:
-        return bool(self._offsets)
+        return bool(self.offsets)
 
     def __len__(self) -> int:
-        return len(self._offsets)
+        return len(self.offsets)
 
     def __contains__(self, offset: object) -> bool:
-        return offset in self._set
+        return offset in self.members
 
     def __iter__(self):  # type: ignore[no-untyped-def]
-        return iter(self._offsets)
+        return iter(self.offsets)
 
     def add(self, offsets: Iterable[int]) -> list[int]:
         """Add offsets; returns the new ones, sorted."""
-        new = sorted(set(offsets) - self._set)
+        new = sorted(set(offsets) - self.members)
         if new:
-            self._set.update(new)
-            self._offsets = sorted(self._set)
+            self.members.update(new)
+            self.offsets[:] = sorted(self.members)
         return new
 
     def next_after(self, position: int) -> int | None:
         """The smallest barrier above ``position``, or None."""
-        offsets = self._offsets
+        offsets = self.offsets
         i = bisect.bisect_right(offsets, position)
         return offsets[i] if i < len(offsets) else None
 
     def crosses(self, start: int, end: int) -> bool:
         """True when ``[start, end)`` crosses a barrier (``start < b < end``)."""
-        offsets = self._offsets
+        offsets = self.offsets
         i = bisect.bisect_right(offsets, start)
         return i < len(offsets) and offsets[i] < end
 
@@ -91,7 +97,7 @@ class Barriers:
         """The longest stretch of ``[start, end)`` that crosses no barrier."""
         longest = 0
         previous = start
-        for offset in self._offsets[bisect.bisect_right(self._offsets, start) :]:
+        for offset in self.offsets[bisect.bisect_right(self.offsets, start) :]:
             if offset >= end:
                 break
             longest = max(longest, offset - previous)
@@ -102,7 +108,7 @@ class Barriers:
         """The longest distance between neighbouring barriers (and 0, ``size``)."""
         longest = 0
         previous = 0
-        for offset in self._offsets:
+        for offset in self.offsets:
             if offset >= size:
                 break
             longest = max(longest, offset - previous)

@@ -10,6 +10,7 @@ import ctypes
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,6 +22,7 @@ from kvpool.native.registration import register_host
 
 MIB = 1 << 20
 GIB = 1 << 30
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.gpu
 
@@ -104,8 +106,11 @@ except RuntimeError as exc:
 
 def test_cuda_refuses_a_copy_across_two_registrations(real_cuda) -> None:
     # In a child: the rule kvpool's placement exists for, seen on the driver.
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    )
     done = subprocess.run(
-        [sys.executable, "-c", CROSS_COPY], capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", CROSS_COPY], capture_output=True, text=True, timeout=120, env=env
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("refused:") and "invalid argument" in done.stdout
@@ -172,6 +177,9 @@ def test_registered_hugepages_numa_and_shm() -> None:
 
 
 def test_runtime_found_is_torchs(real_cuda) -> None:
+    # One libcudart in the process: the error libpinmem clears is torch's.
     caps = capabilities()
-    assert caps.cuda_runtime_path == real_cuda.path
+    with open("/proc/self/maps") as f:
+        mapped = {line.split()[-1] for line in f if "libcudart" in line}
+    assert mapped == {os.path.realpath(caps.cuda_runtime_path)}
     assert caps.cuda_device_count == torch.cuda.device_count()

@@ -95,10 +95,10 @@ def test_gpu_check_runs_every_step_and_logs_each(tmp_path: Path) -> None:
         assert f"== {step}: " in done.stdout
     assert "status 0" in done.stdout.split("== gpu-tests")[1].split("==")[0]
     assert "status 0" in done.stdout.split("== big-pool")[1].split("==")[0]
-    # The limits of the steps add up to 6 minutes at most.
+    # The limits of the steps and the 20 s of the machine's report fit in 6 minutes.
     script = (ROOT / ".ci" / "gpu-check").read_text()
     limits = [int(n) for n in re.findall(r"^step [\w-]+ (\d+) ", script, re.M)]
-    assert len(limits) == len(steps) and sum(limits) + 15 <= 360
+    assert len(limits) == len(steps) and sum(limits) + 20 <= 360
     if torch.cuda.is_available():
         assert done.returncode == 0, done.stdout
         assert "cuda-register / cudaHostAlloc" in (tmp_path / "pinned.log").read_text()

@@ -271,9 +271,7 @@ def test_read_only_or_wrong_size_destinations_are_refused(
 
 
 @pytest.mark.gpu
-def test_cuda_objects_are_refused(store: RemoteStore) -> None:
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device (torch.cuda.is_available() is False)")
+def test_cuda_objects_are_refused(cuda_device, store: RemoteStore) -> None:
     with kvpool.GPUMemoryAllocator(16 << 20) as gpu:
         obj = gpu.allocate(KV_SHAPE, KV_DTYPE, KV_FMT)
         with pytest.raises(FeatureUnavailableError):
