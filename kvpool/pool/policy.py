@@ -5,8 +5,9 @@
 :class:`~kvpool.pool.paged.PagedTensorMemoryAllocator`, and implements the
 policy side of :mod:`kvpool.pool.contract`.  A subclass supplies the
 placement (allocate, batched forms, :meth:`~PlacementPolicy.release_locked`,
-``_give_back_locked``, stats, memcheck) and registers itself in
-:data:`POLICIES`; this class supplies everything around it:
+``_give_back_locked``, ``_add_barriers_locked``, stats, memcheck) and
+registers itself in :data:`POLICIES`; this class supplies everything around
+it:
 
 * **ownership** - a pool frees only handles it made, and each once;
 * **pins** - the pool's pinned-object counter and the monitor calls when a
@@ -25,6 +26,11 @@ placement (allocate, batched forms, :meth:`~PlacementPolicy.release_locked`,
   raise :class:`~kvpool.errors.PoolClosedError`) and drops every reference
   to the memory the policy and its live handles hold, so the memory goes
   with the last view made before;
+* **registrations** - :meth:`~PlacementPolicy.respect_registrations`
+  turns the boundaries between the memory's CUDA registrations into
+  barriers (:mod:`kvpool.pool.barriers`) that the subclass's placement
+  (``_add_barriers_locked``) never places an object across: a GPU copy
+  across two registrations fails;
 * **fork** - in a forked child every inherited policy is closed as
   "inherited": its handles raise
   :class:`~kvpool.errors.InheritedAcrossForkError` instead of touching the

@@ -275,6 +275,7 @@ _MEMBERS: dict[str, Callable[[Context], Any]] = {
     "bytes_obj": lambda c: kvpool.BytesBufferMemoryObj(bytearray(64)),
     "gds": lambda c: kvpool.GDSMemoryObject(_meta(c)),
     "host_buffer": lambda c: c.keep(kvpool.allocate_host(64 * KIB, pin="none", populate=False)),
+    "registration": lambda c: _registration(c),
     "store": _store,
     "tmpdir": _tmpdir,
     "cpu_gpu": _cpu_gpu,
@@ -844,6 +845,16 @@ def targets() -> list[Target]:
         ),
         Target("attach_pool", lambda c: _attach_and_close(k.attach_pool), [V("shm"), None]),
         Target("unlink_shm", lambda c: k.unlink_shm, ["/kvpool-fuzz-never-made"]),
+        # A libpinmem mapping's address: register_host refuses it (commit it instead)
+        # before any CUDA call, so hostile values never reach a driver with live memory.
+        Target(
+            "register_host",
+            lambda c: _register_and_close,
+            [_V(lambda c: c.host_buffer.address), 64 * KIB],
+            {"chunk": None, "read_only": False, "io_memory": False, "populate": False},
+        ),
+        Target("Registration.spans", method("registration", "spans")),
+        Target("Registration.close", method("registration", "close")),
         # -- methods of live objects ------------------------------------------
         Target("AddressManager.allocate", method("am", "allocate"), [4096]),
         Target("AddressManager.batched_allocate", method("am", "batched_allocate"), [4096, 2]),
@@ -941,6 +952,17 @@ def _allocate_and_free(*args: Any) -> None:
 
 def _allocate_host_and_close(*args: Any, **kwargs: Any) -> None:
     kvpool.allocate_host(*args, **kwargs).close()
+
+
+def _register_and_close(*args: Any, **kwargs: Any) -> None:
+    kvpool.register_host(*args, **kwargs).close()
+
+
+def _registration(c: Context) -> Any:
+    """A Registration object over a libpinmem mapping (made without CUDA: its calls refuse)."""
+    from kvpool.native.registration import Registration
+
+    return Registration(c.host_buffer.address, 64 * KIB, 1, "none", None)
 
 
 def _attach_and_close(attach: Callable[..., Any]) -> Callable[..., None]:
