@@ -47,7 +47,6 @@ concurrently and more than once.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from typing import Any
 
@@ -133,7 +132,6 @@ class Registration:
         self._keep_alive = keep_alive
         self._lock = threading.Lock()
         self._open = True
-        self._pid = os.getpid()
 
     @property
     def closed(self) -> bool:
