@@ -432,6 +432,9 @@ def _store_targets() -> list[Target]:
         Target("FileStore.batched_delete", method(s, "batched_delete"), [["k"]]),
         Target("open_store()", lambda c: remote.open_store, [V("tmpdir")]),
         Target(
+            "store_options()", lambda c: remote.store_options, ["redis://h:1/0"], {"asyncio": False}
+        ),
+        Target(
             "RedisStore()",
             lambda c: remote.RedisStore,
             ["redis://[::1"],  # never a reachable server: a bad URL by default

@@ -214,8 +214,9 @@ class AsyncFileStore(AsyncRemoteStore):
         """
         self._check_open()
         bounds: list[tuple[int, int]] = []
+        if self._parts is not None:
+            check_pairs(keys, memory_objs)  # before len(): keys may be anything
         if self._parts is not None and len(keys) > 1:
-            check_pairs(keys, memory_objs)
             nbytes = sum(_nbytes(obj) for obj in memory_objs)
             bounds = _parts(len(keys), nbytes, self.batch_threads)
         if len(bounds) < 2:
@@ -245,8 +246,8 @@ class AsyncFileStore(AsyncRemoteStore):
         """
         self._check_open()
         bounds: list[tuple[int, int]] = []
-        if self._parts is not None and len(keys) > 1:
-            count = len(key_list(keys))
+        if self._parts is not None and len(key_list(keys)) > 1:
+            count = len(keys)
             layout, _ = get_request(allocator, shapes, dtypes, fmt)
             if layout is not None:
                 bounds = _parts(count, count * layout.nbytes, self.batch_threads)
