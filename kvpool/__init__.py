@@ -7,59 +7,65 @@ memory-management module, so code written against it works with
 ``import kvpool``.
 """
 
-from kvpool.checks import refuse_unknown_keywords_in
-from kvpool.errors import (
-    AddressSpaceExhaustedError,
-    ArgumentTypeError,
-    BatchSizeError,
-    FeatureUnavailableError,
-    GroupIndexError,
-    HugePagesExhaustedError,
-    InheritedAcrossForkError,
-    InvalidArgumentError,
-    InvalidHandleError,
-    KVPoolError,
-    LeakedHandleError,
-    LeakedHandleWarning,
-    MemlockLimitError,
-    MemoryLimitError,
-    NativeError,
-    NumaNodeError,
-    OutOfMemoryError,
-    PoolClosedError,
-    RefCountError,
-    SharedMemoryExistsError,
-    SharedMemoryNotFoundError,
-    ViewsOutliveHandleError,
-)
-from kvpool.formats import MemoryFormat, get_size_bytes
-from kvpool.helpers import (
-    PinnedAllocFree,
-    _allocate_gpu_memory,
-    _get_cached_ubyte_array_type,
-    _resolve_pinned_alloc_free,
-    align_to,
-    get_numa_id,
-    synchronized,
-)
-from kvpool.misuse import set_strict_mode, strict_mode
-from kvpool.native.numa import NUMAMapping
-from kvpool.native.spec import HostSpec
-from kvpool.pool.address import AddressManager, FreeBlock
-from kvpool.pool.extent import TensorMemoryAllocator
-from kvpool.pool.handle import TensorMemoryObj
-from kvpool.pool.interface import MemoryAllocatorInterface, PoolStats
-from kvpool.pool.metadata import MemoryObjMetadata
-from kvpool.pool.monitor import PinMonitor, PinnedReport, StatsMonitor
-from kvpool.pool.objects import MemoryObj
-from kvpool.pool.paged import PagedAddressManager, PagedTensorMemoryAllocator
-from kvpool.pool.placeholders import BytesBufferMemoryObj, GDSMemoryObject
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
-# Names whose modules load libpinmem: imported on first use, so that the
-# core (placement, objects) works even where the native layer is not built.
-_NATIVE_NAMES = {
+# Every public name is imported on first use: ``import kvpool`` (and so the
+# ``kvpool`` command's ``--version`` and ``--help``) loads neither torch nor
+# libpinmem, and the core (placement, objects) works where the native layer
+# is not built.  Each name maps to the module that defines it.
+_LAZY_NAMES = {
+    "AddressSpaceExhaustedError": "kvpool.errors",
+    "ArgumentTypeError": "kvpool.errors",
+    "BatchSizeError": "kvpool.errors",
+    "FeatureUnavailableError": "kvpool.errors",
+    "GroupIndexError": "kvpool.errors",
+    "HugePagesExhaustedError": "kvpool.errors",
+    "InheritedAcrossForkError": "kvpool.errors",
+    "InvalidArgumentError": "kvpool.errors",
+    "InvalidHandleError": "kvpool.errors",
+    "KVPoolError": "kvpool.errors",
+    "LeakedHandleError": "kvpool.errors",
+    "LeakedHandleWarning": "kvpool.errors",
+    "MemlockLimitError": "kvpool.errors",
+    "MemoryLimitError": "kvpool.errors",
+    "NativeError": "kvpool.errors",
+    "NumaNodeError": "kvpool.errors",
+    "OutOfMemoryError": "kvpool.errors",
+    "PoolClosedError": "kvpool.errors",
+    "RefCountError": "kvpool.errors",
+    "SharedMemoryExistsError": "kvpool.errors",
+    "SharedMemoryNotFoundError": "kvpool.errors",
+    "ViewsOutliveHandleError": "kvpool.errors",
+    "MemoryFormat": "kvpool.formats",
+    "get_size_bytes": "kvpool.formats",
+    "PinnedAllocFree": "kvpool.helpers",
+    "_allocate_gpu_memory": "kvpool.helpers",
+    "_get_cached_ubyte_array_type": "kvpool.helpers",
+    "_resolve_pinned_alloc_free": "kvpool.helpers",
+    "align_to": "kvpool.helpers",
+    "get_numa_id": "kvpool.helpers",
+    "synchronized": "kvpool.helpers",
+    "set_strict_mode": "kvpool.misuse",
+    "strict_mode": "kvpool.misuse",
+    "NUMAMapping": "kvpool.native.numa",
+    "HostSpec": "kvpool.native.spec",
+    "AddressManager": "kvpool.pool.address",
+    "FreeBlock": "kvpool.pool.address",
+    "TensorMemoryAllocator": "kvpool.pool.extent",
+    "TensorMemoryObj": "kvpool.pool.handle",
+    "MemoryAllocatorInterface": "kvpool.pool.interface",
+    "PoolStats": "kvpool.pool.interface",
+    "MemoryObjMetadata": "kvpool.pool.metadata",
+    "PinMonitor": "kvpool.pool.monitor",
+    "PinnedReport": "kvpool.pool.monitor",
+    "StatsMonitor": "kvpool.pool.monitor",
+    "MemoryObj": "kvpool.pool.objects",
+    "PagedAddressManager": "kvpool.pool.paged",
+    "PagedTensorMemoryAllocator": "kvpool.pool.paged",
+    "BytesBufferMemoryObj": "kvpool.pool.placeholders",
+    "GDSMemoryObject": "kvpool.pool.placeholders",
     "AdHocMemoryAllocator": "kvpool.allocators",
     "CuFileMemoryAllocator": "kvpool.allocators",
     "GPUMemoryAllocator": "kvpool.allocators",
@@ -91,21 +97,104 @@ _NATIVE_NAMES = {
     "DevDaxRemoveMode": "kvpool.devdax",
 }
 
+if TYPE_CHECKING:  # the same names, for type checkers and editors
+    from kvpool.allocators import (
+        AdHocMemoryAllocator,
+        CuFileMemoryAllocator,
+        GPUMemoryAllocator,
+        HipFileMemoryAllocator,
+        HostMemoryAllocator,
+        MixedMemoryAllocator,
+        PagedCpuGpuMemoryAllocator,
+        PinMemoryAllocator,
+        XPUMemoryAllocator,
+        _allocate_cpu_memory,
+        _free_cpu_memory,
+        _read_hugepage_info,
+        attach_pool,
+    )
+    from kvpool.devdax import (
+        DevDaxArenaState,
+        DevDaxArenaStatus,
+        DevDaxMemoryAllocator,
+        DevDaxNotMappedError,
+        DevDaxRemoveMode,
+    )
+    from kvpool.errors import (
+        AddressSpaceExhaustedError,
+        ArgumentTypeError,
+        BatchSizeError,
+        FeatureUnavailableError,
+        GroupIndexError,
+        HugePagesExhaustedError,
+        InheritedAcrossForkError,
+        InvalidArgumentError,
+        InvalidHandleError,
+        KVPoolError,
+        LeakedHandleError,
+        LeakedHandleWarning,
+        MemlockLimitError,
+        MemoryLimitError,
+        NativeError,
+        NumaNodeError,
+        OutOfMemoryError,
+        PoolClosedError,
+        RefCountError,
+        SharedMemoryExistsError,
+        SharedMemoryNotFoundError,
+        ViewsOutliveHandleError,
+    )
+    from kvpool.formats import MemoryFormat, get_size_bytes
+    from kvpool.helpers import (
+        PinnedAllocFree,
+        _allocate_gpu_memory,
+        _get_cached_ubyte_array_type,
+        _resolve_pinned_alloc_free,
+        align_to,
+        get_numa_id,
+        synchronized,
+    )
+    from kvpool.misuse import set_strict_mode, strict_mode
+    from kvpool.native.buffer import HostBuffer, allocate_host, attach_shm, unlink_shm
+    from kvpool.native.machine import capabilities
+    from kvpool.native.numa import NUMAMapping
+    from kvpool.native.registration import Registration, register_host
+    from kvpool.native.spec import HostSpec
+    from kvpool.pool.address import AddressManager, FreeBlock
+    from kvpool.pool.devdax import DevDaxBacking
+    from kvpool.pool.extent import TensorMemoryAllocator
+    from kvpool.pool.handle import TensorMemoryObj
+    from kvpool.pool.interface import MemoryAllocatorInterface, PoolStats
+    from kvpool.pool.lazy import LazyMemoryAllocator
+    from kvpool.pool.metadata import MemoryObjMetadata
+    from kvpool.pool.monitor import PinMonitor, PinnedReport, StatsMonitor
+    from kvpool.pool.objects import MemoryObj
+    from kvpool.pool.paged import PagedAddressManager, PagedTensorMemoryAllocator
+    from kvpool.pool.placeholders import BytesBufferMemoryObj, GDSMemoryObject
+    from kvpool.pool.pools import BufferAllocator, MemoryPool
+
 
 def __getattr__(name: str) -> object:
-    module = _NATIVE_NAMES.get(name)
-    if module is None:
-        raise AttributeError(f"module 'kvpool' has no attribute {name!r}")
-    import importlib
+    """Import a public name (or a subpackage, as ``kvpool.remote``) on first use."""
+    import importlib.util
 
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
+    module = _LAZY_NAMES.get(name)
+    if module is None:
+        if not name.startswith("_") and importlib.util.find_spec(f"kvpool.{name}") is not None:
+            return importlib.import_module(f"kvpool.{name}")
+        raise AttributeError(f"module 'kvpool' has no attribute {name!r}")
+    from kvpool.checks import refuse_unknown_keywords_in
+
+    # Every public call refuses a misspelt keyword naming the closest known
+    # one (kvpool.checks.refuse_unknown_keywords): a function is replaced by
+    # its wrapper here, a class is guarded in place.
+    globals()[name] = getattr(importlib.import_module(module), name)
     refuse_unknown_keywords_in(globals(), (name,))
     return globals()[name]
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_NATIVE_NAMES))
+    return sorted(set(globals()) | set(_LAZY_NAMES))
 
 
 __all__ = [
@@ -189,7 +278,3 @@ __all__ = [
     "synchronized",
     "unlink_shm",
 ]
-
-# Every public call refuses a misspelt keyword naming the closest known one
-# (kvpool.checks.refuse_unknown_keywords); the lazy names get it as they load.
-refuse_unknown_keywords_in(globals(), __all__)

@@ -33,6 +33,7 @@ __all__ = [
     "OutOfMemoryError",
     "PoolClosedError",
     "RefCountError",
+    "ProtocolError",
     "RemoteStoreError",
     "RequestTooLargeError",
     "SharedMemoryExistsError",
@@ -206,3 +207,13 @@ class StoreConnectionError(RemoteStoreError, ConnectionError):
 
 class StoreTimeoutError(RemoteStoreError, TimeoutError):
     """A store server did not answer within the configured timeout."""
+
+
+class ProtocolError(RemoteStoreError):
+    """A server's answer broke the store's protocol; the connection was dropped.
+
+    Raised when what answers on a Redis URL's host and port is not a Redis
+    server (the message quotes its first line: an HTTP server answers
+    ``HTTP/1.1 400 Bad Request``), and when a Redis server's reply is
+    malformed, over a limit, or not the one the command was due.
+    """

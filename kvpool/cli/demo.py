@@ -1,8 +1,9 @@
 """``kvpool demo``: the whole library in one verified round trip.
 
-On the best host pool this machine allows (pinned, hugepages when free,
-optionally NUMA-bound or shared), fill N KV chunks with a known pattern,
-put them to a store (a :class:`~kvpool.remote.FileStore` in a temporary
+On a host pool as kvpool makes one by default (pinned as well as the
+machine allows, 4 KiB pages unless ``--hugepages`` or
+``KVPOOL_HUGEPAGES=auto``, optionally NUMA-bound or shared), fill N KV
+chunks with a known pattern, put them to a store (a :class:`~kvpool.remote.FileStore` in a temporary
 directory by default, or any ``--store``), free them, get them back into
 new chunks, verify every byte, and print the throughput, the pool's
 statistics and the resident memory before and after.  The exit status is
@@ -13,31 +14,33 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
-from typing import Any
-
-import numpy as np
-import torch
+from typing import TYPE_CHECKING, Any
 
 from kvpool.cli.args import positive_int, size_arg
-from kvpool.cli.progress import Progress
-from kvpool.native.machine import format_bytes, rss_bytes
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["add_parser", "run_demo"]
 
-# One KV chunk: [K/V, layers, tokens, hidden] in fp16 = 512 KiB.
-CHUNK_SHAPE = torch.Size([2, 4, 256, 128])
-CHUNK_DTYPE = torch.float16
-CHUNK_BYTES = CHUNK_SHAPE.numel() * CHUNK_DTYPE.itemsize
+# One KV chunk: [K/V, layers, tokens, hidden] in fp16 (2 bytes) = 512 KiB.  Plain
+# numbers: this module is imported to build the parser, which must not load
+# torch (`kvpool --version` and `--help` stay fast).
+CHUNK_SHAPE = (2, 4, 256, 128)
+CHUNK_BYTES = math.prod(CHUNK_SHAPE) * 2
 
 
 def _pattern(index: int) -> np.ndarray:
     """The bytes chunk ``index`` is filled with (random, reproducible)."""
+    import numpy as np
+
     return np.random.default_rng(0x6B76 + index).integers(0, 256, CHUNK_BYTES, dtype=np.uint8)
 
 
@@ -64,11 +67,18 @@ def _default_store_dir() -> str:
 
 def run_demo(args: argparse.Namespace) -> int:
     """Run the demo described in the module docstring; return the exit status."""
+    import numpy as np
+    import torch
+
     from kvpool.allocators import MixedMemoryAllocator
+    from kvpool.cli.progress import Progress
     from kvpool.errors import KVPoolError
     from kvpool.formats import MemoryFormat
+    from kvpool.native.machine import format_bytes, rss_bytes
     from kvpool.remote import open_store
     from kvpool.remote.redis.config import redact_url, scrub, url_secrets
+
+    shape, dtype = torch.Size(CHUNK_SHAPE), torch.float16
 
     out = sys.stdout
     size = args.size or max(2 * args.chunks * CHUNK_BYTES, 64 << 20)
@@ -113,7 +123,7 @@ def run_demo(args: argparse.Namespace) -> int:
             with Progress(total=4 * args.chunks, label="filling chunks") as bar:
                 chunks = []
                 for i in range(args.chunks):
-                    obj = pool.allocate(CHUNK_SHAPE, CHUNK_DTYPE, fmt)
+                    obj = pool.allocate(shape, dtype, fmt)
                     if obj is None:
                         raise KVPoolError(f"the pool is full after {i} chunks")
                     obj.byte_array[:] = _pattern(i).data
@@ -132,7 +142,7 @@ def run_demo(args: argparse.Namespace) -> int:
                 t0 = time.perf_counter()
                 back = []
                 for key in keys:
-                    obj = store.get(key, pool, CHUNK_SHAPE, CHUNK_DTYPE, fmt)
+                    obj = store.get(key, pool, shape, dtype, fmt)
                     if obj is None:
                         raise KVPoolError(f"the store lost {key!r}")
                     back.append(obj)
@@ -182,6 +192,8 @@ def run_demo(args: argparse.Namespace) -> int:
 
 
 def _print_result(r: DemoResult, out: Any) -> None:
+    from kvpool.native.machine import format_bytes
+
     verdict = (
         f"verified: all {r.chunks} chunks ({format_bytes(r.bytes)}) came back byte for byte"
         if not r.mismatched_chunks
@@ -213,11 +225,12 @@ def _print_result(r: DemoResult, out: Any) -> None:
 
 #: What ``kvpool demo --help`` says (plain words: argparse shows it as is).
 DESCRIPTION = (
-    "On the best host pool this machine allows (pinned, hugepages when free, optionally "
-    "NUMA-bound or shared), fill N KV chunks with a known pattern, put them to a store "
-    "(a FileStore in a temporary directory on /dev/shm by default, or any --store), free "
-    "them, get them back into new chunks, verify every byte, and print the throughput, the "
-    "pool's statistics and the resident memory before and after. Exit status: 0 when every "
+    "On a host pool as kvpool makes one by default (pinned as well as the machine allows; 4 KiB"
+    " pages unless --hugepages, or KVPOOL_HUGEPAGES=auto to use 2 MiB pages when enough are "
+    "free; optionally NUMA-bound or shared), fill N KV chunks with a known pattern, put them to"
+    " a store (a FileStore in a temporary directory on /dev/shm by default, or any --store), "
+    "free them, get them back into new chunks, verify every byte, and print the throughput, the"
+    " pool's statistics and the resident memory before and after. Exit status: 0 when every "
     "byte came back, 1 on any mismatch or error."
 )
 
@@ -240,7 +253,10 @@ def add_parser(subparsers: Any) -> None:
         "--chunks", type=positive_int, default=64, help="KV chunks of 512 KiB (default 64)"
     )
     p.add_argument(
-        "--hugepages", action="store_true", help="require 2 MiB hugepages (else used when free)"
+        "--hugepages",
+        action="store_true",
+        help="require 2 MiB hugepages (default: 4 KiB pages; KVPOOL_HUGEPAGES=auto in the "
+        "environment uses 2 MiB pages when enough are free)",
     )
     p.add_argument("--numa-node", type=int, help="bind the pool to this NUMA node")
     p.add_argument("--shm-name", help="put the pool in POSIX shared memory of this name")

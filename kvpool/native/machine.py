@@ -178,19 +178,32 @@ class Capabilities:
             cause, fix = self.cuda_problem()
             tips.append(f"CUDA: {cause}; pin='auto' uses mlock instead. Fix: {fix}.")
         pool = self.hugepage_pool(2048)
+        # How pools pick pages (kvpool.pool.backing.default_hugepages): 4 KiB
+        # pages unless a pool asks (use_hugepages=True) or KVPOOL_HUGEPAGES=auto.
+        auto = os.environ.get("KVPOOL_HUGEPAGES", "").strip().lower() == "auto"
+        asked = (
+            "pools take 2 MiB pages only when asked: use_hugepages=True (kvpool demo "
+            "--hugepages) requires them, KVPOOL_HUGEPAGES=auto uses them when enough are free; "
+            "other pools get 4 KiB pages, about 3x slower to populate"
+        )
         if pool is None:
             tips.append(
-                "Hugepages: this kernel has no 2 MiB hugepage pool; hugepages='auto' uses "
-                "transparent hugepages or 4 KiB pages."
+                "Hugepages: this kernel has no 2 MiB hugepage pool; pools get 4 KiB pages "
+                "(use_hugepages=True is refused)."
             )
         elif pool.free < 512:
+            free, total = max(pool.free, 0), max(pool.total, 0)
             tips.append(
-                f"Hugepages: {max(pool.free, 0)} free 2 MiB pages of {max(pool.total, 0)}; "
-                "hugepages='auto' falls back to 4 KiB pages (about 3x slower to populate). "
-                f"For a 4 GiB pool: echo {max(pool.total, 0) + 2048} | sudo tee "
+                f"Hugepages: {free} free 2 MiB pages of {total} ({format_bytes(free << 21)}); "
+                f"{asked}. To reserve 4 GiB more: echo {total + 2048} | sudo tee "
                 "/proc/sys/vm/nr_hugepages (per node: /sys/devices/system/node/node<N>/"
                 "hugepages/hugepages-2048kB/nr_hugepages; persist with vm.nr_hugepages in "
                 "/etc/sysctl.conf)."
+            )
+        elif not auto:
+            tips.append(
+                f"Hugepages: {pool.free} free 2 MiB pages ({format_bytes(pool.free << 21)}), "
+                f"unused unless asked: {asked}."
             )
         if self.memlock_limit is not None:
             if self.memlock_exempt:

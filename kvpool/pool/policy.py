@@ -414,9 +414,10 @@ class PlacementPolicy(MemoryAllocatorInterface):
             f"reclaiming {obj!r}: it was garbage-collected with ref_count={meta.ref_count}, "
             f"pin_count={meta.pin_count} (ref_count_down()/unpin() was not called)"
         )
-        logger.warning("%s", message)
-        # Also a Python warning, visible when logging is quiet or off; in
-        # strict mode the pool's next stats()/memcheck()/close() raises.
+        # One report, a Python warning (a log line as well printed the event
+        # twice): typed, so it can be filtered or made an error, and routed to
+        # logging by logging.captureWarnings(True).  In strict mode the pool's
+        # next stats()/memcheck()/close() raises as well.
         warnings.warn(message, LeakedHandleWarning, stacklevel=2)
         if strict_mode():
             self._leaked.append(message)

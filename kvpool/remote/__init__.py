@@ -36,7 +36,8 @@ folder that subclasses :class:`RemoteStore` and is named in
 
 Errors: :class:`~kvpool.errors.CorruptEntryError`,
 :class:`~kvpool.errors.StoreConnectionError`,
-:class:`~kvpool.errors.StoreTimeoutError` (all
+:class:`~kvpool.errors.StoreTimeoutError`,
+:class:`~kvpool.errors.ProtocolError` (all
 :class:`~kvpool.errors.RemoteStoreError`), plus the usual
 ``InvalidArgumentError``, ``InvalidHandleError``, ``PoolClosedError``.
 """
@@ -52,6 +53,7 @@ from kvpool.checks import check_keywords, keywords_of, refuse_unknown_keywords_i
 from kvpool.errors import (
     CorruptEntryError,
     InvalidArgumentError,
+    ProtocolError,
     RemoteStoreError,
     StoreConnectionError,
     StoreTimeoutError,
@@ -88,6 +90,7 @@ __all__ = [
     "RemoteStoreError",
     "StoreConnectionError",
     "StoreTimeoutError",
+    "ProtocolError",
     "open_async_store",
     "open_store",
     "store_options",

@@ -60,6 +60,82 @@ def test_version(entry: list[str]) -> None:
     assert done.stdout.strip() == f"kvpool {kvpool.__version__}"
 
 
+# Run in a fresh interpreter: which heavy modules the command line loaded.
+HEAVY_CHILD = """
+import sys
+heavy = ("torch", "numpy")
+before = [m for m in heavy if m in sys.modules]
+from kvpool.cli import main
+try:
+    main({args!r})
+except SystemExit:
+    pass
+print("before:", before, "after:", [m for m in heavy if m in sys.modules])
+"""
+
+
+@pytest.mark.parametrize("args", [["--version"], ["--help"], ["demo", "--help"]])
+def test_version_and_help_load_neither_torch_nor_numpy(args: list[str]) -> None:
+    # `kvpool --version` answered in 2-4 s when it imported torch.
+    done = subprocess.run(
+        [sys.executable, "-c", HEAVY_CHILD.format(args=args)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "before: [] after: []", done.stdout
+
+
+def test_importing_kvpool_loads_names_on_first_use() -> None:
+    code = (
+        "import sys, kvpool\n"
+        "print('torch' in sys.modules)\n"
+        "from kvpool import MemoryFormat, align_to\n"
+        "print('torch' in sys.modules, MemoryFormat.__module__, kvpool.remote.__name__)\n"
+        "try:\n"
+        "    kvpool.no_such_name\n"
+        "except AttributeError as exc:\n"
+        "    print(exc)\n"
+        "align_to(3, 4, bogus=1)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    lines = done.stdout.splitlines()
+    assert lines[:3] == [
+        "False",
+        "True kvpool.formats kvpool.remote",
+        "module 'kvpool' has no attribute 'no_such_name'",
+    ], done.stdout + done.stderr
+    # A name loaded on first use still refuses a misspelt keyword.
+    assert "bogus" in done.stderr and "TypeError" in done.stderr, done.stderr
+
+
+def test_the_lazy_table_and_the_type_checking_imports_agree() -> None:
+    # kvpool/__init__.py names each public name twice: in _LAZY_NAMES (what
+    # loads it) and under TYPE_CHECKING (what type checkers see).
+    import ast
+
+    tree = ast.parse(Path(kvpool.__file__).read_text())
+    guarded = next(
+        n for n in tree.body if isinstance(n, ast.If) and ast.unparse(n.test) == "TYPE_CHECKING"
+    )
+    imported = {
+        alias.name: node.module
+        for node in guarded.body
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+    assert imported == kvpool._LAZY_NAMES
+    assert set(kvpool.__all__) <= set(kvpool._LAZY_NAMES)
+
+
 def test_no_command_is_a_usage_error() -> None:
     done = run()
     assert done.returncode == 2

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from hugepage_pool import reserve_hugepages
 
 
 def demo(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -74,3 +75,34 @@ def test_demo_unreachable_store_is_a_clear_error() -> None:
     run = demo("--chunks", "2", "--store", "redis://127.0.0.1:1/0")
     assert run.returncode == 1
     assert "StoreConnectionError" in run.stderr
+
+
+def test_demo_help_says_which_pages_the_pool_gets() -> None:
+    # It said "used when free" of hugepages, which a default pool never takes.
+    done = subprocess.run(
+        [sys.executable, "-m", "kvpool", "demo", "--help"], capture_output=True, text=True
+    )
+    text = " ".join(done.stdout.split())
+    assert "when free" not in text.replace("when enough are free", "")
+    assert "4 KiB pages unless --hugepages" in text
+    assert "KVPOOL_HUGEPAGES=auto" in text
+
+
+@pytest.mark.hugepages
+def test_demo_takes_hugepages_only_when_asked() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "KVPOOL_HUGEPAGES"}
+    with reserve_hugepages(48):  # the default 64 MiB pool is 32 pages
+        plain = subprocess.run(
+            [sys.executable, "-m", "kvpool", "demo", "--chunks", "4", "--json"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
+        )
+        auto = demo("--chunks", "4", "--json", env={"KVPOOL_HUGEPAGES": "auto"})
+        required = demo("--chunks", "4", "--json", "--hugepages")
+    assert plain.returncode == 0 and auto.returncode == 0, plain.stderr + auto.stderr
+    assert required.returncode == 0, required.stderr
+    assert json.loads(plain.stdout)["pool"]["hugepages"] == "none"
+    assert json.loads(auto.stdout)["pool"]["hugepages"] != "none"
+    assert json.loads(required.stdout)["pool"]["hugepages"] != "none"

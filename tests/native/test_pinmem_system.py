@@ -90,10 +90,29 @@ def test_advice_for_a_short_pool_gives_the_command() -> None:
     caps = fake_caps(hugepages=(HugePagePool(2048, 10, 3),))
     text = "\n".join(caps.advice())
     assert "echo 2058 | sudo tee /proc/sys/vm/nr_hugepages" in text
+    assert "3 free 2 MiB pages of 10 (6 MiB)" in text
+    assert "only when asked: use_hugepages=True" in text and "KVPOOL_HUGEPAGES=auto" in text
 
 
-def test_good_machine_gets_little_advice() -> None:
+def test_free_hugepages_that_pools_do_not_take_are_pointed_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A default pool takes none of them: `kvpool info` said nothing, and the
+    # demo's help said they were "used when free".
     from kvpool.native.machine import HugePagePool
+
+    monkeypatch.delenv("KVPOOL_HUGEPAGES", raising=False)
+    caps = fake_caps(hugepages=(HugePagePool(2048, 4096, 4096),))
+    text = "\n".join(caps.advice())
+    assert "4096 free 2 MiB pages (8 GiB), unused unless asked" in text
+    monkeypatch.setenv("KVPOOL_HUGEPAGES", "auto")
+    assert not [tip for tip in caps.advice() if tip.startswith("Hugepages")]
+
+
+def test_good_machine_gets_little_advice(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvpool.native.machine import HugePagePool
+
+    monkeypatch.setenv("KVPOOL_HUGEPAGES", "auto")  # its pools take the free hugepages
 
     caps = fake_caps(
         cuda_available=True,

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from glibc_needs import glibc_versions
+from glibc_needs import glibc_versions, needed_libraries
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 600
@@ -42,6 +43,13 @@ def _build(out: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str
     )
 
 
+def documented_libraries() -> set[str]:
+    """The libraries docs/contributing.md says libpinmem needs (its paragraph on the wheel)."""
+    text = (ROOT / "docs" / "contributing.md").read_text()
+    paragraph = text.split("libpinmem needs only", 1)[1].split("no CUDA", 1)[0]
+    return set(re.findall(r"`((?:lib|ld-)[\w.-]+\.so[\w.]*)`", paragraph))
+
+
 def _compiled(done: subprocess.CompletedProcess[str]) -> int:
     """How many sources build.py compiled (it echoes each command)."""
     return sum(" -c " in line for line in done.stdout.splitlines())
@@ -60,6 +68,14 @@ def test_c_tests_pass_on_the_glibc_2_17_build(tmp_path: Path) -> None:
     for library in (tmp_path / "libpinmem.so", testing / "libpinmem.so"):
         needs = glibc_versions(library.read_bytes())
         assert needs and max(needs) <= (2, 17), (library, sorted(needs))
+    # docs/contributing.md names every library the release build and the
+    # developer build (this machine's cc) need, and no other.
+    documented = documented_libraries()
+    release = needed_libraries((tmp_path / "libpinmem.so").read_bytes())
+    developer = needed_libraries((ROOT / "kvpool" / "native" / "libpinmem.so").read_bytes())
+    assert release | developer <= documented, sorted((release | developer) - documented)
+    loaders = {name for name in documented if name.startswith("ld-linux")}
+    assert documented - loaders <= release, sorted(documented - loaders - release)
     # The test program and the fake CUDA runtime, as the Makefile builds them
     # (the system cc: only the library is the release's).
     program = tmp_path / "test_pinmem"

@@ -11,7 +11,11 @@ from __future__ import annotations
 import gc
 import itertools
 import logging
+import os
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
@@ -395,22 +399,49 @@ def test_dead_handles_do_not_keep_the_memory(native_name: str) -> None:
 
 
 def test_dropped_objects_are_reclaimed_once_when_the_pool_runs_dry(
-    native_name: str, lenient: None, caplog: pytest.LogCaptureFixture
+    native_name: str, lenient: None
 ) -> None:
     with NATIVE[native_name]() as pool:
         kept = []
         while (obj := pool.allocate(KV_SHAPE, KV_DTYPE, KV_FMT)) is not None:
             kept.append(obj)
         full = len(kept)
-        del kept[::2], obj  # dropped without ref_count_down
-        gc.collect()
-        with caplog.at_level(logging.WARNING, logger="kvpool"):
+        with pytest.warns(kvpool.LeakedHandleWarning, match="reclaiming"):
+            del kept[::2], obj  # dropped without ref_count_down
+            gc.collect()
             again = pool.allocate(KV_SHAPE, KV_DTYPE, KV_FMT)
         assert again is not None
-        assert any("reclaiming" in r.getMessage() for r in caplog.records)
         assert pool.num_active_allocations == len(kept) + 1
         assert pool.num_active_allocations <= full
         assert pool.memcheck()
+
+
+# A program that drops one live object, with Python's default logging and warnings.
+LEAK_CHILD = """
+import gc, torch, kvpool
+pool = kvpool.MixedMemoryAllocator(1 << 20)
+obj = pool.allocate(torch.Size([2, 2, 16, 8]), torch.float16, kvpool.MemoryFormat.KV_2LTD)
+del obj
+gc.collect()
+print("active after the leak:", pool.stats().active_objects)
+pool.close()
+"""
+
+
+def test_a_leak_is_reported_once() -> None:
+    # It was reported twice: on the kvpool logger and as a LeakedHandleWarning.
+    done = subprocess.run(
+        [sys.executable, "-c", LEAK_CHILD],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[2],
+        env={k: v for k, v in os.environ.items() if k not in ("KVPOOL_STRICT", "PYTHONWARNINGS")},
+    )
+    assert done.returncode == 0, done.stderr
+    assert "active after the leak: 0" in done.stdout
+    assert done.stderr.count("reclaiming <TensorMemoryObj") == 1, done.stderr
+    assert "LeakedHandleWarning" in done.stderr, done.stderr
 
 
 # -- the other classes -----------------------------------------------------------

@@ -161,7 +161,7 @@ class AsyncConnection:
                 await self._ready(loop, True, deadline)
                 continue
             if n == 0:
-                raise ServerClosed("the server closed the connection")
+                raise reader.closed()
             reader.commit(n)
             return
 

@@ -182,6 +182,9 @@ class RedisCommon:
 
     def _map_error(self, exc: BaseException, where: str) -> BaseException:
         """The kvpool error for a socket, protocol or client error (``exc`` itself if none)."""
+        if isinstance(exc, ProtocolError) and not str(exc).startswith(where):
+            # The parser does not know the call or the server: say which.
+            return ProtocolError(f"{where}: {exc}")
         if isinstance(exc, KVPoolError):
             return exc
         errors = self._redis.exceptions

@@ -245,7 +245,7 @@ class RedisConnection:
                 self._wait(_POLLOUT, deadline)
                 continue
             if n == 0:
-                raise ServerClosed("the server closed the connection")
+                raise reader.closed()
             reader.commit(n)
             return
 

@@ -25,7 +25,10 @@ Peers are hostile until proven otherwise:
   refused past ``Limits.max_depth``;
 * anything unexpected raises :class:`ProtocolError` (a
   :class:`~kvpool.errors.RemoteStoreError`); the caller then drops the
-  connection, since its position in the reply stream is unknown.
+  connection, since its position in the reply stream is unknown;
+* a reply line that starts with no RESP type byte means the peer is not a
+  Redis server at all (an HTTP server on the port answers
+  ``HTTP/1.1 400 Bad Request``): the error says so and quotes the line.
 
 Only RESP2 is spoken (the stores force ``protocol=2`` on their
 connections), so the RESP3 types are protocol errors too.
@@ -38,7 +41,7 @@ from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvpool.errors import RemoteStoreError
+from kvpool.errors import ProtocolError
 
 __all__ = [
     "CRLF",
@@ -54,6 +57,7 @@ __all__ = [
     "Want",
     "command",
     "command_head",
+    "not_redis",
     "parse_length",
 ]
 
@@ -90,8 +94,18 @@ Steps = Generator[Want, None, Any]
 _DIGITS = re.compile(rb"-?[0-9]{1,19}")
 
 
-class ProtocolError(RemoteStoreError):
-    """The server's reply broke the protocol (or a limit); drop the connection."""
+# The first byte of every reply line a RESP2 or RESP3 server sends.
+_RESP_TYPES = frozenset(b"+-:$*_,#!=(%~>|")
+
+
+def not_redis(line: bytes) -> ProtocolError:
+    """The error for a reply ``line`` no Redis server sends: the peer speaks another protocol."""
+    http = line.startswith(b"HTTP/") or line.lower().startswith((b"<!doctype html", b"<html"))
+    kind = " (an HTTP server)" if http else ""
+    return ProtocolError(
+        f"the server does not speak Redis{kind}: it answered {_text(line[:80])!r}; "
+        "check the URL's host and port"
+    )
 
 
 class ServerClosed(ConnectionError):
@@ -201,7 +215,7 @@ class Reader:
         limits: the bounds replies are held to.
     """
 
-    __slots__ = ("_buf", "_end", "_mv", "_start", "limits")
+    __slots__ = ("_buf", "_end", "_mv", "_spoke", "_start", "limits")
 
     def __init__(self, limits: Limits = DEFAULT_LIMITS) -> None:
         if limits.buffer < limits.max_line + 2:
@@ -211,6 +225,7 @@ class Reader:
         self._mv = memoryview(self._buf)
         self._start = 0
         self._end = 0
+        self._spoke = False  # a well-formed reply line came: the peer speaks RESP
 
     # -- the driver's side -------------------------------------------
 
@@ -236,6 +251,18 @@ class Reader:
         """Record ``n`` bytes received into :meth:`space`."""
         self._end += n
 
+    def closed(self) -> Exception:
+        """The error to raise when the server closed the connection (the driver read 0 bytes).
+
+        :class:`ServerClosed`; or, when the peer never sent a reply line
+        and what it sent cannot start one (an HTTP server's error page),
+        the :class:`ProtocolError` saying that it does not speak Redis.
+        """
+        pending = bytes(self._mv[self._start : self._end])
+        if not self._spoke and pending and pending[0] not in _RESP_TYPES:
+            return not_redis(pending.split(b"\n", 1)[0].rstrip(b"\r"))
+        return ServerClosed("the server closed the connection")
+
     def clear(self) -> None:
         """Forget everything buffered (the connection is being dropped)."""
         self._start = self._end = 0
@@ -252,6 +279,11 @@ class Reader:
             if i >= 0:
                 out = bytes(self._mv[start:i])
                 self._start = i + 2
+                if not out or out[0] not in _RESP_TYPES:
+                    if self._spoke:
+                        raise ProtocolError(f"malformed reply line {out[:40]!r}")
+                    raise not_redis(out)
+                self._spoke = True
                 return out
             done = max(0, self._end - start - 1)
             if done > self.limits.max_line:
