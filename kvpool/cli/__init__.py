@@ -2,8 +2,9 @@
 
 One parser with a subcommand per job: ``demo`` (a verified put/get round
 trip, :mod:`kvpool.cli.demo`), ``info`` (the capability report with advice,
-:mod:`kvpool.cli.info`)
-and ``bench`` (the benchmark suite, :mod:`kvpool.cli.bench`).
+:mod:`kvpool.cli.info`), ``bench`` (the benchmark suite,
+:mod:`kvpool.cli.bench`) and ``install-lmcache`` (LMCache and what it
+imports, into this environment: :mod:`kvpool.cli.lmcache`).
 More are added by registering them in :data:`SUBCOMMANDS`::
 
     def add_demo(subparsers) -> None:
@@ -59,8 +60,19 @@ def _add_demo(subparsers: Any) -> None:
     add_parser(subparsers)
 
 
+def _add_install_lmcache(subparsers: Any) -> None:
+    from kvpool.cli.lmcache import add_parser
+
+    add_parser(subparsers)
+
+
 #: Functions that each add one subcommand to the subparsers object.
-SUBCOMMANDS: list[Callable[[Any], None]] = [_add_demo, _add_info, _add_bench]
+SUBCOMMANDS: list[Callable[[Any], None]] = [
+    _add_demo,
+    _add_info,
+    _add_bench,
+    _add_install_lmcache,
+]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -30,6 +30,8 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -71,6 +73,25 @@ else:
         raise pytest.UsageError(
             f"kvpool was imported from {kvpool.__file__}, not from the checkout under test "
             f"({REPO}); run pytest from the repository root with `python -m pytest`"
+        )
+    # The tests' child processes (examples, plugin children) run from other
+    # folders: the checkout goes first on their path too, whatever kvpool this
+    # environment has installed (another checkout's editable install, a
+    # regular install in a venv), and one such child proves it.
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p
+    )
+    _child = subprocess.run(
+        [sys.executable, "-c", "import kvpool; print(kvpool.__file__)"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tempfile.gettempdir(),
+    )
+    if _child.returncode != 0 or REPO not in Path(_child.stdout.strip()).resolve().parents:
+        raise pytest.UsageError(
+            f"a child process imports kvpool from {_child.stdout.strip() or _child.stderr}, "
+            f"not from the checkout under test ({REPO})"
         )
     kv_lmcache.install()
 

@@ -1,17 +1,25 @@
 """Make, or reuse, the virtual environment the LMCache compatibility suite runs in.
 
 ``python tests/compat/make_venv.py`` prints the path of a Python that sees
-this interpreter's packages (the local CPU torch, kvpool's test
-dependencies) plus LMCache and the packages its code imports, every one
-installed with ``--no-deps`` from ``requirements-lmc056.txt`` so that no
-CUDA torch is ever pulled in.
+the packages of *the Python that runs it* - a virtual environment's when
+run from one (its kvpool install and ``kvpool-lmcache.pth`` hook
+included), not its base interpreter's - plus LMCache and the packages its
+code imports.  Those are installed as ``kvpool install-lmcache`` installs
+them (the same pinned list,
+``kvpool/integrations/lmcache/requirements-lmc056.txt``, every package with
+``--no-deps`` and torch held to the installed one), so no CUDA torch is
+ever pulled in.  The new environment has no site packages of its own
+beyond those: a ``.pth`` file adds this Python's site directories (with
+:func:`site.addsitedir`, so their own ``.pth`` files run too) after its
+own.
 
 The environment is cached under ``$KVPOOL_COMPAT_CACHE`` (default
 ``~/.cache/kvpool``) in a folder named after a hash of the requirements
-file, this interpreter and its torch: a run with the same inputs reuses it,
-any change makes a new one.  A half-built environment (killed mid-install)
-is detected by its missing completion stamp and rebuilt; a file lock keeps
-two concurrent runs from building the same one.
+file, this Python (its environment and site directories) and its torch: a
+run with the same inputs reuses it, any change makes a new one.  A
+half-built environment (killed mid-install) is detected by its missing
+completion stamp and rebuilt; a file lock keeps two concurrent runs from
+building the same one.
 
 Each requirements file makes its own environment, named after it
 (``requirements-lmc056.txt``: ``lmc056-<hash>``; ``requirements-sgl0523.txt``,
@@ -31,16 +39,26 @@ import fcntl
 import hashlib
 import os
 import shutil
+import site
 import subprocess
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-REQUIREMENTS = HERE / "requirements-lmc056.txt"
-STAMP = ".kvpool-compat-complete"
+REPO = HERE.parents[1]
+sys.path.insert(0, str(REPO))  # the checkout's kvpool: the recipe's list and pip command
 
-# Run inside the new environment: LMCache is there, and torch is the base
-# interpreter's (no torch distribution inside the environment).
+from kvpool.integrations.lmcache.requirements import (  # noqa: E402
+    REQUIREMENTS,
+    pip_command,
+)
+
+STAMP = ".kvpool-compat-complete"
+#: The file in the new environment's site-packages that adds this Python's site directories.
+BASE_PTH = "_kvpool_compat_base.pth"
+
+# Run inside the new environment: LMCache is there, and torch is the given
+# Python's (no torch distribution inside the environment).
 CHECK = r"""
 import importlib.metadata as md, pathlib, sys, sysconfig
 import torch
@@ -75,6 +93,18 @@ def site_files(requirements: Path) -> list[Path]:
     return sorted(p for p in folder.glob("*") if p.is_file()) if folder.is_dir() else []
 
 
+def site_dirs() -> list[str]:
+    """This Python's site directories (a venv's, its base's if it sees them, the user's).
+
+    In the order its ``sys.path`` has them, so the new environment looks
+    them up in the same order.
+    """
+    dirs = set(site.getsitepackages())
+    if site.ENABLE_USER_SITE:
+        dirs.add(site.getusersitepackages())
+    return [p for p in dict.fromkeys(sys.path) if p in dirs and os.path.isdir(p)]
+
+
 def environment_key(requirements: Path) -> str:
     """A hash of everything the environment depends on."""
     import torch
@@ -84,6 +114,8 @@ def environment_key(requirements: Path) -> str:
     for extra in site_files(requirements):
         digest.update(extra.name.encode() + extra.read_bytes())
     digest.update(os.path.realpath(sys.executable).encode())
+    digest.update(sys.prefix.encode())  # a venv's python is a link to its base's
+    digest.update("\n".join(site_dirs()).encode())
     digest.update(sys.version.encode())
     digest.update(torch.__version__.encode())
     return digest.hexdigest()[:16]
@@ -98,32 +130,29 @@ def run(cmd: list[str]) -> None:
 
 
 def build(venv: Path, requirements: Path) -> None:
-    """Create the environment at ``venv`` and install the requirements."""
+    """Create the environment at ``venv`` over this Python's packages and install the list."""
     if venv.exists():
         shutil.rmtree(venv)
-    run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)])
+    run([sys.executable, "-m", "venv", str(venv)])
     python = str(venv / "bin" / "python")
-    run(
-        [
-            python,
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--no-deps",
-            "--disable-pip-version-check",
-            "-r",
-            str(requirements),
-        ]
-    )
     purelib = subprocess.run(
         [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
         capture_output=True,
         text=True,
         check=True,
     ).stdout.strip()
+    # Its own site-packages first (the list, and the site-<name>/ files), then
+    # this Python's site directories as this Python orders them, each with its
+    # .pth files.
+    adds = "; ".join(f"site.addsitedir({d!r})" for d in site_dirs())
+    (Path(purelib) / BASE_PTH).write_text(f"import site; {adds}\n")
     for extra in site_files(requirements):
         shutil.copy(extra, Path(purelib) / extra.name)
+    import torch
+
+    constraints = venv / "constraints.txt"
+    constraints.write_text(f"torch=={torch.__version__}\n")
+    run([*pip_command(python, constraints, requirements), "--quiet"])
     first = requirements.read_text().split("\n")
     name = next(s.split("==")[0] for s in first if s.strip() and not s.startswith("#"))
     run([python, "-c", CHECK, name])

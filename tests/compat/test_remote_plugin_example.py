@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
+import kvpool
+
 EXAMPLE = REPO / "examples" / "lmcache_remote_plugin.py"
 CLOSING = "lmcache remote plugin round trip ok"
 FAULTS = ("Traceback", "Error", "freed while views", "reclaiming <", "LeakedHandleWarning")
@@ -49,6 +51,8 @@ def test_the_example_round_trips(memory, where, tmp_path, request) -> None:
     assert done.stdout.strip().splitlines()[-1] == CLOSING, report
     assert "read back 9 chunks, the last of 100 tokens" in done.stdout, report
     assert "removed: 9 of 9" in done.stdout, report
+    # The checkout's kvpool (conftest puts it first for child processes).
+    assert f"kvpool {kvpool.__version__} from {REPO / 'kvpool'}\n" in done.stdout, report
     kind = "kvpool.pool.handle" if memory else "lmcache.v1.memory_management"
     assert f"memory objects: {kind}.TensorMemoryObj" in done.stdout, report
     store = "AsyncRedisStore" if where == "redis" else "AsyncFileStore"

@@ -137,6 +137,8 @@ def test_wheel_is_manylinux_2_17_and_carries_the_library_and_license(dist: Path)
         names = set(zf.namelist())
         info = f"kvpool-{kvpool.__version__}.dist-info"
         shipped = {"kvpool/native/libpinmem.so", "kvpool/native/_pinmem_ffi.py", "kvpool/py.typed"}
+        # The list `kvpool install-lmcache` installs.
+        shipped.add("kvpool/integrations/lmcache/requirements-lmc056.txt")
         assert shipped <= names
         # The KVPOOL_LMCACHE=1 start-up hook, at the root of site-packages.
         assert {"kvpool-lmcache.pth", "kvpool_lmcache_hook.py"} <= names
@@ -164,8 +166,10 @@ def test_sdist_carries_the_sources_the_wheel_is_built_from(dist: Path) -> None:
     sdist = _one(dist, "kvpool-*.tar.gz")
     with tarfile.open(sdist) as tf:
         names = {n.split("/", 1)[1] for n in tf.getnames() if "/" in n}
+    lmcache_list = "kvpool/integrations/lmcache/requirements-lmc056.txt"
     for needed in ("LICENSE", "build.py", "setup.py", "pyproject.toml", "libpinmem/pinmem.h"):
         assert needed in names, needed
+    assert lmcache_list in names
     assert any(n.startswith("libpinmem/") and n.endswith(".c") for n in names)
     assert "kvpool/native/libpinmem.so" not in names  # built at install time, not shipped
 

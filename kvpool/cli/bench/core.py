@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvpool.cli.progress import Progress
-from kvpool.native.machine import format_bytes
 
 __all__ = [
     "Benchmark",
@@ -40,6 +39,19 @@ __all__ = [
     "format_bytes",
     "run_benchmark",
 ]
+
+
+def format_bytes(n: int) -> str:
+    """``n`` bytes in binary units, as :func:`kvpool.native.units.format_bytes` says them.
+
+    Imported at the first call: importing :mod:`kvpool.native` loads
+    libpinmem, and building the command line (``kvpool --version``) must
+    not.
+    """
+    from kvpool.native.units import format_bytes as native_format_bytes
+
+    return native_format_bytes(n)
+
 
 KiB = 1 << 10
 MiB = 1 << 20

@@ -105,9 +105,10 @@ def require_lmcache() -> str:
     """LMCache's version, or SkipBenchmark saying how to get an environment that has it."""
     if importlib.util.find_spec("lmcache") is None:
         raise SkipBenchmark(
-            "LMCache is not installed in this Python; run it with the compat venv's python "
-            "(`python tests/compat/make_venv.py` prints it), e.g. "
-            "`$(python tests/compat/make_venv.py) -m kvpool bench --only lmcache_remote`"
+            "LMCache is not installed in this Python; install it into this environment with "
+            "`python -m kvpool install-lmcache` (or, from a clone, run the benchmark with the "
+            "compat environment's python: `$(python tests/compat/make_venv.py) -m kvpool bench "
+            "--only lmcache_remote`)"
         )
     try:
         return importlib.metadata.version("lmcache")

@@ -47,6 +47,7 @@ from kvpool.integrations.lmcache.finder import KvpoolModuleFinder, is_served, is
 
 __all__ = [
     "ALLOW_UNTESTED_ENV",
+    "INSTALL_COMMAND",
     "TESTED_VERSIONS",
     "LMCacheBridgeError",
     "install",
@@ -59,6 +60,10 @@ TESTED_VERSIONS: frozenset[str] = frozenset({"0.5.6"})
 
 #: Environment variable that lifts the version check (``1``/``true``/``yes``/``on``).
 ALLOW_UNTESTED_ENV = "KVPOOL_LMCACHE_ALLOW_UNTESTED"
+
+#: The one recipe that installs the tested LMCache and what its code imports
+#: into this Python's environment (:mod:`kvpool.cli.lmcache`).
+INSTALL_COMMAND = "python -m kvpool install-lmcache"
 
 _lock = threading.Lock()
 _finder: KvpoolModuleFinder | None = None
@@ -120,17 +125,18 @@ def install(*, allow_untested: bool = False) -> None:
         version = lmcache_version()
         if version is None:
             raise LMCacheBridgeError(
-                "LMCache is not installed in this environment "
-                f"({sys.executable}); install a tested version: "
-                + ", ".join(f"pip install --no-deps lmcache=={v}" for v in sorted(TESTED_VERSIONS))
+                f"LMCache is not installed in this environment ({sys.prefix}); install "
+                f"LMCache {', '.join(sorted(TESTED_VERSIONS))} and the packages its code "
+                f"imports with: {INSTALL_COMMAND}"
             )
         if version not in TESTED_VERSIONS and not (
             allow_untested or _truthy(os.environ.get(ALLOW_UNTESTED_ENV))
         ):
             raise LMCacheBridgeError(
                 f"LMCache {version} is outside the versions kvpool is tested with "
-                f"({', '.join(sorted(TESTED_VERSIONS))}); install one of those, or pass "
-                f"install(allow_untested=True) / set {ALLOW_UNTESTED_ENV}=1 to try anyway"
+                f"({', '.join(sorted(TESTED_VERSIONS))}); install that with "
+                f"{INSTALL_COMMAND}, or pass install(allow_untested=True) / set "
+                f"{ALLOW_UNTESTED_ENV}=1 to try anyway"
             )
         early = _imported_too_early()
         if early:
