@@ -106,13 +106,13 @@ def test_batched_allocate_is_all_or_nothing(make_extent) -> None:
     assert len(held) == 5 and pool.memcheck()
 
 
-def test_dropped_objects_are_reclaimed_when_the_pool_runs_dry(make_extent, kvlog) -> None:
+def test_dropped_objects_are_reclaimed_when_the_pool_runs_dry(make_extent) -> None:
     pool = make_extent(nbytes=2 * U)
     kept = pool.allocate(SHAPE, torch.uint8)
-    pool.allocate(SHAPE, torch.uint8)  # dropped without ref_count_down
-    obj = pool.allocate(SHAPE, torch.uint8)
+    with pytest.warns(kvpool.LeakedHandleWarning, match="reclaiming"):
+        pool.allocate(SHAPE, torch.uint8)  # dropped without ref_count_down
+        obj = pool.allocate(SHAPE, torch.uint8)
     assert obj is not None  # the dropped one was reclaimed...
-    assert any("reclaim" in m for m in kvlog.messages())
     assert kept.is_valid() and obj.is_valid()  # ...but never a held one
     assert pool.allocate(SHAPE, torch.uint8) is None
     assert pool.memcheck()
