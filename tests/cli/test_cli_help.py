@@ -40,6 +40,14 @@ def test_there_are_subcommands() -> None:
     assert {"bench", "demo", "info"} <= set(subcommands())
 
 
+def test_the_command_line_guide_has_a_section_per_subcommand() -> None:
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "guide" / "cli.md").read_text()
+    sections = re.findall(r"^## kvpool ([\w-]+)$", guide, re.M)
+    assert sorted(sections) == subcommands()
+    words = {3: "three", 4: "four", 5: "five", 6: "six"}
+    assert f"has {words[len(sections)]} subcommands" in guide
+
+
 @pytest.mark.parametrize("command", [[], *([c] for c in subcommands())])
 def test_every_help_is_plain_text(command: list[str]) -> None:
     done = run(*command, "--help")
