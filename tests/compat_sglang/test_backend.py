@@ -172,6 +172,7 @@ def test_mooncake_pages_are_stored_headerless_unless_told_and_the_kinds_never_me
     pool = mha_pool("page_first")
     raw = backends(storage_config(mooncake.url, model=model), pool)
     assert raw.store.headerless  # as SGLang's own Mooncake backend: the bytes alone
+    assert raw.store.store.replace is False  # a page's key names its content
     src, wrote = _fill(pool, 2, seed=8)
     keys = _keys(2)
     assert raw.batch_set_v1(keys, src) == [True, True]
@@ -196,6 +197,8 @@ def test_mooncake_pages_are_stored_headerless_unless_told_and_the_kinds_never_me
     src2, wrote2 = _fill(other_pool, 2, seed=9)
     assert headed[0].batch_set_v1(keys, src2) == [True, True]
     assert raw.batch_exists(keys) == 2 and headed[1].batch_exists(keys) == 2
+    again, _ = _fill(pool, 2, seed=10)  # other bytes under the same page keys
+    assert raw.batch_set_v1(keys, again) == [True, True]  # stored already: left as it is
     dst = pool.alloc(2 * PAGE)
     assert raw.batch_get_v1(keys, dst) == [True, True]
     assert all(torch.equal(a, b) for a, b in zip(wrote, _pages(pool, dst), strict=True))

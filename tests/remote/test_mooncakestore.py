@@ -358,9 +358,10 @@ def test_checksum_catches_a_flipped_payload_byte(
 
 @pytest.mark.mooncake
 def test_open_store_url(mooncake: MooncakeDeployment, pool: kvpool.TensorMemoryAllocator) -> None:
-    url = f"{mooncake.url}&prefix=url-{uuid.uuid4().hex[:8]}:&replicas=1&checksum=1"
+    url = f"{mooncake.url}&prefix=url-{uuid.uuid4().hex[:8]}:&replicas=1&checksum=1&replace=0"
     with open_store(url, timeout=3.0) as store:
         assert isinstance(store, MooncakeStore) and store.timeout == 3.0
+        assert store.replace is False
         src = pool.allocate(KV_SHAPE, KV_DTYPE, KV_FMT)
         data = fill(src, 9)
         store.put("u", src)
@@ -469,3 +470,45 @@ def test_dead_storage_node_then_dead_master_give_typed_errors(
     assert pool.stats().active_objects == 1
     src.ref_count_down()
     _bounded(store.close, 30)
+
+
+class _Calls:
+    """A Mooncake client that counts the calls made through it."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.calls: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        real = getattr(self.client, name)
+        if not name.startswith("batch_"):
+            return real
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self.calls.append(name)
+            return real(*args, **kwargs)
+
+        return call
+
+
+@pytest.mark.mooncake
+@pytest.mark.parametrize("headerless", [False, True])
+def test_without_replace_a_put_keeps_existing_entries_in_one_call(
+    mooncake_client: Any, pool: kvpool.TensorMemoryAllocator, headerless: bool
+) -> None:
+    counted = _Calls(mooncake_client)
+    store = _store(counted, replace=False, headerless=headerless)
+    a, b, c = (pool.allocate(KV_SHAPE, KV_DTYPE, KV_FMT) for _ in range(3))
+    data = [fill(o, 40 + i) for i, o in enumerate((a, b, c))]
+    store.batched_put(["k", "new"], [a, b])
+    assert counted.calls == ["batch_put_from" if headerless else "batch_put_from_multi_buffers"]
+    store.batched_put(["k", "other", "other"], [c, c, a])  # "k" exists; "other" twice
+    got = store.batched_get(["k", "new", "other"], pool, KV_SHAPE, KV_DTYPE, KV_FMT)
+    # The entries stay the first ones written: nothing replaced, no existence check.
+    assert [bytes(g.byte_array) for g in got] == [data[0], data[1], data[2]]  # type: ignore[union-attr]
+    assert "batch_is_exist" not in counted.calls
+    for obj in (a, b, c, *got):
+        obj.ref_count_down()  # type: ignore[union-attr]
+    with pytest.raises(kvpool.errors.ArgumentTypeError, match="replace must be True or False"):
+        _store(mooncake_client, replace="no")
+    store.close()

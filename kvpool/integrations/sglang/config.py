@@ -14,13 +14,18 @@ backend reads:
 * every other key that the URL's store takes as an option (``timeout``,
   ``ttl``, ``prefix``, ``threads``...).
 
-Defaults the backend sets unless the configuration does
-(:data:`PAGE_DEFAULTS`): ``headerless`` on for a store that has it
-(Mooncake): each range is stored as its bytes alone, one Mooncake buffer
-instead of two, as SGLang's own Mooncake backend stores pages.  What the
-header would check - layout, dtype, format - is in the key's tag already
-(:mod:`kvpool.integrations.sglang.pages`); the size is still checked.
-``"headerless": 0`` (or ``headerless=0`` in the URL) keeps kvpool's header.
+Defaults the backend sets for a store that takes them (Mooncake), unless
+the configuration (or the URL's query) does (:data:`PAGE_DEFAULTS`):
+
+* ``headerless``: each range is stored as its bytes alone, one Mooncake
+  buffer instead of two, as SGLang's own Mooncake backend stores pages.
+  What the header would check - layout, dtype, format - is in the key's
+  tag already (:mod:`kvpool.integrations.sglang.pages`); the size is still
+  checked.  ``"headerless": false`` keeps kvpool's header.
+* ``replace`` off: a page's key names its content (SGLang's page hash and
+  the configuration's tag), so a page stored already is left as it is and
+  a set makes no existence check - one Mooncake call instead of two (SGLang's
+  own backend checks, then skips the pages it finds).
 
 SGLang's own keys (:data:`SGLANG_KEYS`) are left alone.  Anything else -
 a misspelt option, a bad URL - raises :class:`HiCacheConfigError` while
@@ -69,7 +74,7 @@ DEFAULT_CALL_TIMEOUT = 10.0
 _OWN_KEYS = frozenset({"call_timeout"})
 
 #: Store options the backend sets unless the configuration (or the URL's query) does.
-PAGE_DEFAULTS: Mapping[str, Any] = {"headerless": True}
+PAGE_DEFAULTS: Mapping[str, Any] = {"headerless": True, "replace": False}
 
 
 class HiCacheConfigError(InvalidArgumentError):

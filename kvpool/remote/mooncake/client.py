@@ -150,6 +150,7 @@ _URL_OPTIONS: dict[str, type] = {
     "timeout": float,
     "checksum": bool,
     "headerless": bool,
+    "replace": bool,
 }
 
 
@@ -159,7 +160,8 @@ def parse_url(url: str) -> tuple[str, dict[str, Any]]:
     The query may set ``metadata``, ``protocol``, ``device``,
     ``local_hostname``, ``replicas``, ``segment_size`` and
     ``local_buffer_size`` (bytes), ``prefix``, ``timeout`` (seconds),
-    ``checksum`` and ``headerless`` (``0``/``1``), each at most once.
+    ``checksum``, ``headerless`` and ``replace`` (``0``/``1``), each at
+    most once.
 
     Raises:
         InvalidArgumentError: another scheme, no master, an unknown or

@@ -16,6 +16,7 @@ import time
 from kvpool.errors import RemoteStoreError, StoreConnectionError, StoreTimeoutError
 
 __all__ = [
+    "ALREADY_EXISTS",
     "BUFFER_TOO_SMALL",
     "Backoff",
     "Busy",
@@ -35,6 +36,8 @@ BUFFER_TOO_SMALL = -600
 NOT_READY = -703
 #: ``OBJECT_NOT_FOUND``.
 NOT_FOUND = -704
+#: ``OBJECT_ALREADY_EXISTS``: the key exists (a put of an existing key answers 0 here).
+ALREADY_EXISTS = -705
 #: ``OBJECT_HAS_LEASE``: a reader's lease blocks a remove (the master's
 #: ``--default_kv_lease_ttl``, 10 s by default, after every read).
 HAS_LEASE = -706

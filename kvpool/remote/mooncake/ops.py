@@ -10,23 +10,31 @@ atomic replace, which copies the entry once through the client's local
 buffer.  A key repeated in one batch is written in rounds, in order, so
 the last one wins.  (Measured: a put session - reserve, ranged send, seal
 - detects existing keys without the extra call but was 15-20 % slower.)
+Without ``replace`` (content-named keys) there is no ``batch_is_exist``:
+every entry goes to the one put call, and a key that exists keeps its
+entry (Mooncake answers 0 for it; ``OBJECT_ALREADY_EXISTS`` would be taken
+as stored too).
 
 Reading a header alone (:func:`read_header`): ``get_size``, then a ranged
 read (``get_into_ranges``) of the first 4 KiB (or of the whole header
-when it is longer) into a header slot.
+when it is longer) into a header slot.  A header read together with the
+bytes is checked by :func:`check_read_header`.
 """
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Sequence
 from typing import Any
 
 import kvpool.remote.mooncake.codes as codes
 from kvpool.errors import CorruptEntryError, RemoteStoreError
-from kvpool.remote.header import FIXED_SIZE, EntryInfo, decode_header, peek_header_size
+from kvpool.formats import MemoryFormat
+from kvpool.remote.base import check_stored
+from kvpool.remote.header import FIXED_SIZE, EntryInfo, Layout, decode_header, peek_header_size
 from kvpool.remote.mooncake.memory import HeaderSlabs, Slab
 
-__all__ = ["FIRST_READ", "Entry", "read_header", "rounds", "write_entries"]
+__all__ = ["FIRST_READ", "Entry", "check_read_header", "read_header", "rounds", "write_entries"]
 
 #: Bytes read first when the header's size is not known yet.
 FIRST_READ = 4096
@@ -93,9 +101,22 @@ def rounds(mkeys: Sequence[str], indices: Sequence[int]) -> list[list[int]]:
 
 
 def write_entries(
-    client: Any, config: Any, entries: list[Entry], timeout: float, local_buffer_size: int
+    client: Any,
+    entries: list[Entry],
+    config: Any,
+    timeout: float,
+    local_buffer_size: int,
+    replace: bool = True,
 ) -> None:
     """Write every entry (see the module docstring).
+
+    Args:
+        client: the Mooncake client.
+        entries: what to write.
+        config: its ``ReplicateConfig``.
+        timeout: seconds an upsert retries a busy entry.
+        local_buffer_size: the client's local buffer (the largest upsert).
+        replace: replace existing entries (True) or leave them, unchecked.
 
     Raises:
         The first error (with a note counting the others):
@@ -103,7 +124,11 @@ def write_entries(
     """
     errors: list[BaseException] = []
     for part in rounds([e.mkey for e in entries], range(len(entries))):
-        _write_round(client, config, [entries[i] for i in part], errors, timeout, local_buffer_size)
+        batch = [entries[i] for i in part]
+        if replace:
+            _write_round(client, config, batch, errors, timeout, local_buffer_size)
+        else:
+            _put_new(client, config, batch, errors, keep=(0, codes.ALREADY_EXISTS))
     if errors:
         first = errors[0]
         if len(errors) > 1:
@@ -130,23 +155,30 @@ def _write_round(
         else:
             errors.append(codes.error_for(rc if rc < -1 else -1, entry.where))
     if fresh:
-        bufs = [e.buffers() for e in fresh]
-        if all(len(b[0]) == 1 for b in bufs):  # headerless: one buffer each, the plain call
-            put = client.batch_put_from(
-                [e.mkey for e in fresh], [b[0][0] for b in bufs], [b[1][0] for b in bufs], config
-            )
-        else:
-            put = client.batch_put_from_multi_buffers(
-                [e.mkey for e in fresh], [b[0] for b in bufs], [b[1] for b in bufs], config
-            )
-        for entry, rc in zip(fresh, put, strict=True):
-            if rc != 0:
-                errors.append(codes.error_for(rc, entry.where))
+        _put_new(client, config, fresh, errors, keep=(0,))
     for entry in existing:
         try:
             _upsert(client, config, entry, timeout, local_buffer_size)
         except BaseException as exc:
             errors.append(exc)
+
+
+def _put_new(
+    client: Any, config: Any, fresh: list[Entry], errors: list[BaseException], keep: tuple[int, ...]
+) -> None:
+    """One put call for ``fresh`` (zero-copy); a code outside ``keep`` is an error of its entry."""
+    bufs = [e.buffers() for e in fresh]
+    if all(len(b[0]) == 1 for b in bufs):  # headerless: one buffer each, the plain call
+        put = client.batch_put_from(
+            [e.mkey for e in fresh], [b[0][0] for b in bufs], [b[1][0] for b in bufs], config
+        )
+    else:
+        put = client.batch_put_from_multi_buffers(
+            [e.mkey for e in fresh], [b[0] for b in bufs], [b[1] for b in bufs], config
+        )
+    for entry, rc in zip(fresh, put, strict=True):
+        if rc not in keep:
+            errors.append(codes.error_for(rc, entry.where))
 
 
 def _upsert(client: Any, config: Any, entry: Entry, timeout: float, local_buffer_size: int) -> None:
@@ -226,3 +258,23 @@ def _ranged_read(client: Any, slab: Slab, mkey: str, n: int, where: str) -> bool
     if rc != n:
         raise codes.error_for(rc if rc < 0 else codes.TRANSFER_FAIL, where)
     return True
+
+
+def check_read_header(
+    header: memoryview, layout: Layout, fmt: MemoryFormat, view: memoryview, where: str
+) -> None:
+    """Check a header read together with the bytes (one that is not ``layout``'s plain header).
+
+    Raises:
+        InvalidArgumentError: the stored layout or format differs from the requested one.
+        CorruptEntryError: a damaged header, other sizes, a payload CRC mismatch.
+    """
+    info = decode_header(header, where)
+    check_stored(info, layout, fmt, where)
+    if info.size != layout.nbytes or info.header_size != layout.header_size:
+        raise CorruptEntryError(
+            f"{where}: the header announces {info.header_size} + {info.size} bytes, the "
+            f"entry holds {layout.header_size} + {layout.nbytes}"
+        )
+    if info.payload_crc is not None and zlib.crc32(view) != info.payload_crc:
+        raise CorruptEntryError(f"{where}: payload CRC mismatch")

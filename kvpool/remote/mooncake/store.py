@@ -47,6 +47,8 @@ a mix.  That call copies the entry once, in C++, through the client's
 local buffer (``local_buffer_size``), so replacing an entry larger than it
 raises :class:`~kvpool.errors.RemoteStoreError` saying so; new keys, the
 common case for content-addressed KV caches, take the zero-copy path.
+``replace=False`` (keys that name their content) skips the check and
+keeps existing entries (:mod:`kvpool.remote.mooncake.ops`).
 
 Leases and retries
 ------------------
@@ -97,10 +99,17 @@ from kvpool.remote.base import (
     key_bytes,
     key_list,
 )
-from kvpool.remote.header import EntryInfo, Layout, decode_header, layout_for
+from kvpool.remote.header import EntryInfo, Layout, layout_for
 from kvpool.remote.mooncake.client import connect, import_mooncake, parse_url, split_host_port
 from kvpool.remote.mooncake.memory import HeaderSlabs, PoolRegions, Slab, address_of
-from kvpool.remote.mooncake.ops import FIRST_READ, Entry, read_header, rounds, write_entries
+from kvpool.remote.mooncake.ops import (
+    FIRST_READ,
+    Entry,
+    check_read_header,
+    read_header,
+    rounds,
+    write_entries,
+)
 from kvpool.remote.mooncake.raw import raw_entry, raw_get
 from kvpool.remote.mooncake.segments import MountedSegment, Segments
 from kvpool.remote.objects import allocator_for, destination, discard, encode_entry, hold, release
@@ -142,6 +151,9 @@ class MooncakeStore(RemoteStore):
             ``get`` then needs shapes, dtypes and fmt and checks only the
             stored size: no layout, format or CRC check, no narrowed
             objects, no ``head`` (:mod:`kvpool.remote.mooncake.raw`).
+        replace: a put replaces an existing entry (True, every store's
+            contract).  False: it leaves it as it is, with no existence
+            check (a key named twice in a batch keeps its first object).
 
     Raises:
         FeatureUnavailableError: Mooncake's client is not installed.
@@ -168,10 +180,12 @@ class MooncakeStore(RemoteStore):
         timeout: float = 5.0,
         client: Any = None,
         headerless: bool = False,
+        replace: bool = True,
     ) -> None:
         super().__init__(1)
         _, config_cls = import_mooncake()
         self.headerless = check_bool("headerless", headerless)
+        self.replace = check_bool("replace", replace)
         if self.headerless and checksum:
             raise InvalidArgumentError(
                 "checksum=True records a CRC in the entry's header, and a headerless store "
@@ -212,6 +226,7 @@ class MooncakeStore(RemoteStore):
         self._slabs = HeaderSlabs(client)
         self._regions = PoolRegions(client)
         self._segments = Segments(client, protocol)
+        self._writing = (self._config, self.timeout, local_buffer_size, self.replace)
 
     @classmethod
     @takes_keywords(keywords_of(__init__, skip=2) or ())  # the master comes from the URL
@@ -374,7 +389,7 @@ class MooncakeStore(RemoteStore):
                 slot = slab.view[off:end]
                 entries.append(Entry(where, self._mkey(kb), slot, slab.ptr + off, view, address))
                 off = end
-            write_entries(self.client, self._config, entries, self.timeout, self.local_buffer_size)
+            write_entries(self.client, entries, *self._writing)
         finally:
             if slab is not None:
                 self._slabs.give(slab)
@@ -495,7 +510,7 @@ class MooncakeStore(RemoteStore):
                         header = slab.view[j * hs : (j + 1) * hs]
                         if header != plain:
                             where = self._where("get", kbs[i])
-                            self._check_header(header, layout, fmt, obj, view_of[i], where)  # type: ignore[arg-type]
+                            check_read_header(header, layout, fmt, view_of[i], where)  # type: ignore[arg-type]
                         continue
                     out[i] = None
                     discard(obj, view_of.pop(i))
@@ -511,26 +526,6 @@ class MooncakeStore(RemoteStore):
             for reg in temporary:
                 self._regions.release_temporary(reg)
         return sorted(later)
-
-    @staticmethod
-    def _check_header(
-        header: memoryview,
-        layout: Layout,
-        fmt: MemoryFormat,
-        obj: MemoryObj,
-        view: memoryview,
-        where: str,
-    ) -> None:
-        """Check a header read together with the bytes (not the plain one of ``layout``)."""
-        info = decode_header(header, where)
-        check_stored(info, layout, fmt, where)
-        if info.size != layout.nbytes or info.header_size != layout.header_size:
-            raise CorruptEntryError(
-                f"{where}: the header announces {info.header_size} + {info.size} bytes, the "
-                f"entry holds {layout.header_size} + {layout.nbytes}"
-            )
-        if info.payload_crc is not None and zlib.crc32(view) != info.payload_crc:
-            raise CorruptEntryError(f"{where}: payload CRC mismatch")
 
     def _get_one(
         self,
