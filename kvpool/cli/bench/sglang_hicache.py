@@ -144,8 +144,14 @@ class Harness:
                         del samples[pair.name]
                         break
                     if r:
-                        samples[pair.name][contender.label]["set_s"].append(s)
-                        samples[pair.name][contender.label]["get_s"].append(g)
+                        mine = samples[pair.name][contender.label]
+                        mine["set_s"].append(s)
+                        mine["get_s"].append(g)
+                        staging = getattr(contender, "staging", None)
+                        if staging:  # SGLang's staging copies, inside its times
+                            set_part, get_part = staging[-1]
+                            mine.setdefault("set_staging_s", []).append(set_part)
+                            mine.setdefault("get_staging_s", []).append(get_part)
         return samples
 
     def close(self) -> None:
@@ -176,6 +182,11 @@ def summarize(harness: Harness, samples: dict[str, Any]) -> dict[str, Any]:
                 "spread": [min(ratios), max(ratios)],
                 "bounds": {},
             }
+            staged = got[pair.other.label].get(f"{op}_staging_s")
+            if staged:  # the share of the other's time spent in staging copies
+                row[op]["other_staging_share"] = statistics.median(
+                    st / t for st, t in zip(staged, other, strict=True)
+                )
             for bound in pair.bounds:
                 times = got[bound.label][f"{op}_s"]
                 share = [b / k for k, b in zip(kv, times, strict=True)]
@@ -203,6 +214,11 @@ def format_report(result: dict[str, Any]) -> str:
                 f"{r['other_mib_s']:7.0f} MiB/s: {r['ratio']:.2f}x (rounds "
                 f"{r['spread'][0]:.2f}-{r['spread'][1]:.2f})"
             )
+            if "other_staging_share" in r:
+                lines.append(
+                    f"{'':9s} {op}: {r['other']} spent {r['other_staging_share']:.0%} of its "
+                    "time in its staging copies"
+                )
             for label, b in r["bounds"].items():
                 lines.append(
                     f"{'':9s} {op}: {label} {b['mib_s']:7.0f} MiB/s; kvpool at "

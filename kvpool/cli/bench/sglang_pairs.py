@@ -181,30 +181,44 @@ class Backend(Contender):
 
 
 class Generic(Backend):
-    """SGLang's controller path for a backend without ``interface_v1`` (``HiCacheFile``)."""
+    """SGLang's controller path for a backend without ``interface_v1`` (``HiCacheFile``).
+
+    Attributes:
+        staging: per round, the seconds of the set's staging copies
+            (``get_data_page``) and of the get's staging pages and copies
+            back (``get_dummy_flat_data_page``, ``set_from_flat_data_page``).
+    """
+
+    def __init__(self, label: str, backend: Any, closes: bool = True) -> None:
+        super().__init__(label, backend, closes)
+        self.staging: list[tuple[float, float]] = []
 
     def round(self, pages: Pages, keys: list[str]) -> tuple[float, float]:
         """As :meth:`Backend.round`, through staging pages as SGLang's controller does."""
-        pool, backend = pages.pool, self.backend
+        pool, backend, now = pages.pool, self.backend, time.perf_counter
         pages.clear()
-        t0 = time.perf_counter()
+        t0 = now()
         data = [pool.get_data_page(pages.src[i * PAGE]) for i in range(len(keys))]
+        staged = now()
         stored = backend.batch_set(keys, data)
-        t1 = time.perf_counter()
+        t1 = now()
         del data
-        t2 = time.perf_counter()
+        t2 = now()
         dummy = [pool.get_dummy_flat_data_page() for _ in keys]
+        dummies = now()
         got = backend.batch_get(keys, dummy)
+        read = now()
         found = 0
         for i, page in enumerate(got):
             if page is None:
                 break
             pool.set_from_flat_data_page(pages.dst[i * PAGE], page)
             found += 1
-        t3 = time.perf_counter()
+        t3 = now()
         if not stored or found != len(keys):
             raise RuntimeError(f"{self.label}: stored {stored}, read back {found} of {len(keys)}")
         pages.check(self.label)
+        self.staging.append((staged - t0, (dummies - t2) + (t3 - read)))
         return t1 - t0, t3 - t2
 
 
