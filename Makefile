@@ -60,10 +60,12 @@ $(BUILD)/libfakecudart.so: libpinmem/tests/fake_cudart.c
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS_TEST) -fPIC -shared -o $@ $<
 
-$(BUILD)/test_pinmem: libpinmem/tests/test_pinmem.c libpinmem/tests/test_register.c \
-		libpinmem/tests/test_common.h $(HEADERS) $(TESTING)/libpinmem.so
-	$(CC) $(CFLAGS_TEST) -DPINMEM_TESTING -o $@ libpinmem/tests/test_pinmem.c \
-		libpinmem/tests/test_register.c -L$(TESTING) -lpinmem \
+# The C test program: every libpinmem/tests/test_*.c (tests/packaging builds the same list).
+TEST_SOURCES := $(wildcard libpinmem/tests/test_*.c)
+
+$(BUILD)/test_pinmem: $(TEST_SOURCES) libpinmem/tests/test_common.h $(HEADERS) \
+		$(TESTING)/libpinmem.so
+	$(CC) $(CFLAGS_TEST) -DPINMEM_TESTING -o $@ $(TEST_SOURCES) -L$(TESTING) -lpinmem \
 		-Wl,-rpath,$(abspath $(TESTING)) -ldl
 
 $(TESTING)/libpinmem.so: lib

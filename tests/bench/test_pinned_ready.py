@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -80,10 +81,13 @@ def test_bad_trials_is_a_usage_error() -> None:
     assert info.value.code == 2
 
 
-def test_the_fake_runtime_measures_the_overlap_on_a_cpu(fake_cudart, capsys) -> None:
+def test_the_fake_runtime_measures_the_overlap_on_a_cpu(fake_cudart, capsys, monkeypatch) -> None:
+    monkeypatch.delenv("KVPOOL_CUDART", raising=False)
     only = "kvpool cuda-register,kvpool register sequential"
     argv = ["--cudart", str(fake_cudart), "--only", only, "--size", "32M", "--trials", "1"]
     assert pinned_ready.main([*argv, "--json"]) == 0
+    # Only the children load it: the caller's process (here, the tests') keeps its CUDA.
+    assert "KVPOOL_CUDART" not in os.environ
     result = json.loads(capsys.readouterr().out)
     pins = {name: v["pinned"] for name, v in result["variants"].items()}
     assert sorted(pins) == ["kvpool cuda-register", "kvpool register sequential"]

@@ -82,11 +82,12 @@ def test_c_tests_pass_on_the_glibc_2_17_build(tmp_path: Path) -> None:
     fake_cudart = tmp_path / "libfakecudart.so"
     tests = ROOT / "libpinmem" / "tests"
     link = [f"-L{testing}", "-lpinmem", f"-Wl,-rpath,{testing}", "-ldl"]
-    for out, flags, source in (
-        (fake_cudart, ["-fPIC", "-shared"], tests / "fake_cudart.c"),
-        (program, ["-DPINMEM_TESTING"], tests / "test_pinmem.c"),
+    test_sources = sorted(str(path) for path in tests.glob("test_*.c"))  # the Makefile's list
+    for out, flags, sources in (
+        (fake_cudart, ["-fPIC", "-shared"], [str(tests / "fake_cudart.c")]),
+        (program, ["-DPINMEM_TESTING"], test_sources),
     ):
-        cmd = [cc, *CFLAGS_TEST, *flags, "-o", str(out), str(source)]
+        cmd = [cc, *CFLAGS_TEST, *flags, "-o", str(out), *sources]
         cmd += link if out == program else []
         made = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, check=False)
         assert made.returncode == 0, made.stderr

@@ -113,11 +113,15 @@ def _child(variant: str, size: int) -> dict[str, Any]:
         buf.close()
 
 
-def run_trials(variants: list[str], size: int, trials: int) -> dict[str, Any]:
+def run_trials(
+    variants: list[str], size: int, trials: int, cudart: str | None = None
+) -> dict[str, Any]:
     """Run ``trials`` rounds of every variant, each in a child process, interleaved.
 
     A variant whose child fails (the machine refused it, say) is reported
     under ``"failed"`` with the end of its error, and not run again.
+    ``cudart``: the CUDA runtime the children load (``KVPOOL_CUDART``); this
+    process's own environment is left as it is.
 
     Returns:
         ``{"size", "trials", "variants": {name: {"seconds": [...],
@@ -126,6 +130,7 @@ def run_trials(variants: list[str], size: int, trials: int) -> dict[str, Any]:
     samples: dict[str, list[float]] = {v: [] for v in variants}
     pinned: dict[str, str] = {}
     failed: dict[str, str] = {}
+    env = None if cudart is None else dict(os.environ, KVPOOL_CUDART=cudart)
     for trial in range(trials):
         order = variants[trial % len(variants) :] + variants[: trial % len(variants)]
         for variant in order:
@@ -137,6 +142,7 @@ def run_trials(variants: list[str], size: int, trials: int) -> dict[str, Any]:
                     capture_output=True,
                     text=True,
                     timeout=_CHILD_TIMEOUT_S,
+                    env=env,
                 )
             except subprocess.TimeoutExpired:
                 failed[variant] = f"a trial ran for more than {_CHILD_TIMEOUT_S} s"
@@ -231,19 +237,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         print(json.dumps(_child(args.child, args.size)))
         return 0
-    if args.cudart:
-        os.environ["KVPOOL_CUDART"] = os.path.abspath(args.cudart)
+    # Only the children load it: in this process KVPOOL_CUDART would stay
+    # set, and libpinmem would load it here too (a caller's CUDA, e.g. tests').
+    cudart = os.path.abspath(args.cudart) if args.cudart else None
     if args.trials < 1:
         p.error("--trials must be >= 1")
     chosen = list(VARIANTS) if args.only is None else [n.strip() for n in args.only.split(",")]
     unknown = [n for n in chosen if n not in VARIANTS]
     if unknown or not chosen:
         p.error(f"--only: unknown variant(s) {unknown}; choose from {list(VARIANTS)}")
-    if args.cudart:
+    if cudart is not None:
         torch_cuda = [n for n in chosen if n in _TORCH_CUDA]
         if torch_cuda:
             p.error(f"--cudart: {torch_cuda} need torch's CUDA; leave them out (--only)")
-        missing = _runtime_missing(os.environ["KVPOOL_CUDART"])
+        missing = _runtime_missing(cudart)
     else:
         missing = _cuda_missing() if any(VARIANTS[n] != "mlock" for n in chosen) else None
     if missing is not None:
@@ -257,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    result = run_trials(chosen, args.size, args.trials)
+    result = run_trials(chosen, args.size, args.trials, cudart)
     got = result["variants"]
     base = got.get("cudaHostAlloc", {}).get("GBps_median")
     reg = got.get("kvpool cuda-register", {}).get("GBps_median")
