@@ -213,18 +213,19 @@ class AsyncFileStore(AsyncRemoteStore):
         the first part that failed (in the batch's order) is raised.
         """
         self._check_open()
+        pool = self._parts
         bounds: list[tuple[int, int]] = []
-        if self._parts is not None:
+        if pool is not None:
             check_pairs(keys, memory_objs)  # before len(): keys may be anything
-        if self._parts is not None and len(keys) > 1:
+        if pool is not None and len(keys) > 1:
             nbytes = sum(_nbytes(obj) for obj in memory_objs)
             bounds = _parts(len(keys), nbytes, self.batch_threads)
-        if len(bounds) < 2:
+        if pool is None or len(bounds) < 2:
             await self._run(self.store.batched_put, keys, memory_objs)
             return
         keys, memory_objs = list(keys), list(memory_objs)
         outcomes = await self._split(
-            self.store.batched_put, [(keys[a:b], memory_objs[a:b]) for a, b in bounds], None
+            pool, self.store.batched_put, [(keys[a:b], memory_objs[a:b]) for a, b in bounds], None
         )
         for outcome in outcomes:
             if isinstance(outcome, BaseException):
@@ -245,15 +246,17 @@ class AsyncFileStore(AsyncRemoteStore):
         error of the first part that failed is raised.
         """
         self._check_open()
+        pool = self._parts
         bounds: list[tuple[int, int]] = []
-        if self._parts is not None and len(key_list(keys)) > 1:
+        if pool is not None and len(key_list(keys)) > 1:
             count = len(keys)
             layout, _ = get_request(allocator, shapes, dtypes, fmt)
             if layout is not None:
                 bounds = _parts(count, count * layout.nbytes, self.batch_threads)
-        if len(bounds) >= 2:
+        if pool is not None and len(bounds) >= 2:
             keys = list(keys)
             outcomes = await self._split(
+                pool,
                 self.store.batched_get,
                 [(keys[a:b], allocator, shapes, dtypes, fmt) for a, b in bounds],
                 _discard_all,
@@ -284,22 +287,21 @@ class AsyncFileStore(AsyncRemoteStore):
         self._check_open()
         return await self._run(self.store.batched_delete, keys)
 
+    @staticmethod
     async def _split(
-        self,
+        pool: ThreadPoolExecutor,
         fn: Callable[..., Any],
         parts: list[tuple[Any, ...]],
         on_orphan: Callable[[Any], None] | None,
     ) -> list[Any]:
-        """``fn(*args)`` for every part at once, one thread each; results or exceptions, in order.
+        """``fn(*args)`` for every part at once in ``pool``; results or exceptions, in order.
 
         When the awaiting task is cancelled, a part that had finished has
         its result given to ``on_orphan`` here, and one still running gets
         it in its thread when it finishes (:func:`offload`).
         """
-        assert self._parts is not None
         jobs = [
-            asyncio.ensure_future(offload(self._parts, fn, *args, on_orphan=on_orphan))
-            for args in parts
+            asyncio.ensure_future(offload(pool, fn, *args, on_orphan=on_orphan)) for args in parts
         ]
         try:
             return await asyncio.gather(*jobs, return_exceptions=True)
