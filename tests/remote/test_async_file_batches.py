@@ -5,8 +5,9 @@ into ``batch_threads`` parts, each a call of the blocking FileStore in a
 thread of its own.  The tests prove the parts run at the same time (a
 barrier that only two calls at once pass), that small batches and
 ``batch_threads=1`` stay one call, that a failing part neither stops the
-others nor leaks what they read, and that a cancelled split get frees
-every object, those of parts still running included.
+others nor leaks what they read, that a cancelled split get frees every
+object, those of parts still running included, and that a cancelled split
+put returns only once its parts stopped reading the caller's objects.
 """
 
 from __future__ import annotations
@@ -197,6 +198,47 @@ def test_a_cancelled_split_get_frees_every_part(
         gate.set()
         await store.aclose()  # waits for the parts' threads: the second part's too
         assert pool.stats().active_objects == 4
+
+    run(main())
+    for o in objs:
+        o.ref_count_down()
+    assert_clean(pool)
+
+
+def test_a_cancelled_split_put_returns_once_its_parts_ended(
+    tmp_path: Path, pool: kvpool.TensorMemoryAllocator
+) -> None:
+    objs, datas = _objects(pool, 4)
+    keys = [f"k{i}" for i in range(4)]
+    gate = threading.Event()
+    held = threading.Event()
+
+    async def main() -> None:
+        async with AsyncFileStore(tmp_path / "s", batch_threads=2) as store:
+            real_put = store.store.batched_put
+
+            def held_second(ks: list[Any], os_: list[Any]) -> None:
+                if ks[0] == "k2":
+                    held.set()
+                    gate.wait(10)  # still to read the caller's objects
+                real_put(ks, os_)
+
+            store.store.batched_put = held_second  # type: ignore[method-assign]
+            task = asyncio.create_task(store.batched_put(keys, objs))
+            await until(held.is_set, "the second part to start")
+            task.cancel()
+            await asyncio.sleep(0.1)
+            assert not task.done()  # the second part still reads the objects
+            task.cancel()  # a second cancellation does not cut the wait short either
+            await asyncio.sleep(0.05)
+            assert not task.done()
+            gate.set()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            back = await store.batched_get(keys, pool, BIG, DTYPE, FMT)
+            assert [bytes(b.byte_array) for b in back] == datas  # type: ignore[union-attr]
+            for b in back:
+                b.ref_count_down()  # type: ignore[union-attr]
 
     run(main())
     for o in objs:

@@ -34,6 +34,7 @@ object a cancelled ``get`` allocated is freed in that thread when it does.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import os
 from collections.abc import Callable, Sequence
@@ -92,6 +93,28 @@ def on_tmpfs(path: str) -> bool:
 def _discard_all(objs: list[MemoryObj | None]) -> None:
     for obj in objs:
         discard(obj)
+
+
+async def _parts_to_the_end(
+    pool: ThreadPoolExecutor, fn: Callable[..., Any], parts: list[tuple[Any, ...]]
+) -> list[Any]:
+    """``fn(*args)`` for every part at once in ``pool``; results or exceptions, in order.
+
+    A cancellation waits for every part to end, then propagates: the parts
+    read memory the caller may reuse as soon as the call returns.
+    """
+    loop = asyncio.get_running_loop()
+    every = asyncio.gather(
+        *(asyncio.wrap_future(pool.submit(fn, *args), loop=loop) for args in parts),
+        return_exceptions=True,
+    )
+    try:
+        return await asyncio.shield(every)
+    except asyncio.CancelledError:
+        while not every.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(every)
+        raise
 
 
 def _nbytes(obj: Any) -> int:
@@ -210,7 +233,10 @@ class AsyncFileStore(AsyncRemoteStore):
         """``put`` of each pair (see :meth:`FileStore.batched_put`), large batches split.
 
         Every part is written even when another fails; then the error of
-        the first part that failed (in the batch's order) is raised.
+        the first part that failed (in the batch's order) is raised.  A
+        split put that is cancelled returns (raising ``CancelledError``)
+        only once its parts have ended: the objects' memory is not read
+        after the call returns, as when the batch ran on the loop.
         """
         self._check_open()
         pool = self._parts
@@ -224,8 +250,8 @@ class AsyncFileStore(AsyncRemoteStore):
             await self._run(self.store.batched_put, keys, memory_objs)
             return
         keys, memory_objs = list(keys), list(memory_objs)
-        outcomes = await self._split(
-            pool, self.store.batched_put, [(keys[a:b], memory_objs[a:b]) for a, b in bounds], None
+        outcomes = await _parts_to_the_end(
+            pool, self.store.batched_put, [(keys[a:b], memory_objs[a:b]) for a, b in bounds]
         )
         for outcome in outcomes:
             if isinstance(outcome, BaseException):
