@@ -14,13 +14,24 @@ clean in the pool or closed, never out of step.
 readiness to wait for).  When the awaiting task is cancelled, the call
 still finishes in its thread and ``on_orphan`` receives its result (to
 free it).
+
+A put never reads the caller's objects after it returns, cancelled or
+not: an engine that lends its own memory (the LMCache plugin, SGLang's
+host pool, :mod:`kvpool.pool.borrowed`) reuses those bytes as soon as the
+call ends, and a write still reading them would store another chunk's
+bytes under the key.  A store that sends from the loop sends nothing
+after a cancellation (the kernel copies what ``sendmsg`` took); one that
+puts in a thread runs the job with ``offload(..., borrows=True)``, whose
+cancellation waits for the job to end (bounded by the call's deadline).
 """
 
 from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
 import functools
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future
 from typing import Any, TypeVar
@@ -46,6 +57,8 @@ async def offload(
     fn: Callable[..., _T],
     *args: Any,
     on_orphan: Callable[[_T], None] | None = None,
+    borrows: bool = False,
+    deadline: float | None = None,
 ) -> _T:
     """``fn(*args)`` in a thread of ``executor``, awaited.
 
@@ -56,28 +69,77 @@ async def offload(
         on_orphan: called with the result of a call whose awaiting task was
             cancelled, in the thread that finished it (so even after the
             event loop is gone), e.g. to free an object nobody will receive.
+        borrows: the job reads memory its caller lent (a put's objects).
+            A cancellation - any number of them - then does not end the
+            call while the job may still read: a job not started yet is
+            dropped (it never runs), a running one is waited for, until
+            ``deadline`` when one is given; then ``CancelledError`` is
+            raised.  Past the deadline a running job goes on in its thread
+            (a caller that cannot afford that must undo what it writes:
+            see :class:`~kvpool.remote.mooncake.aio.AsyncMooncakeStore`).
+        deadline: a ``time.monotonic()`` instant: when the job has not
+            ended by then the call raises ``TimeoutError`` (the job goes
+            on in its thread, or never starts when ``borrows`` and it was
+            still queued).  None: no bound.
 
     Raises:
-        Whatever ``fn`` raises; CancelledError when the task is cancelled.
+        Whatever ``fn`` raises; CancelledError when the task is cancelled;
+        TimeoutError past ``deadline``.
     """
     job = executor.submit(fn, *args)
     waiting = asyncio.wrap_future(job)
     try:
-        return await asyncio.shield(waiting)
+        if deadline is None:
+            return await asyncio.shield(waiting)
+        # wait() leaves ``waiting`` as it is when the deadline passes or the task is cancelled.
+        await asyncio.wait((waiting,), timeout=max(0.0, deadline - time.monotonic()))
     except asyncio.CancelledError:
-        # Nobody reads the job's outcome now (shield stops reading it once
-        # cancelled): an error it ends with later (a connection the deadline
-        # gave up on, then closed by the server) would be reported to the
-        # loop as "never retrieved", although the caller got its own.
-        waiting.add_done_callback(_read_outcome)
-        if on_orphan is not None:
-
-            def orphaned(done: Future[_T]) -> None:
-                if not done.cancelled() and done.exception() is None:
-                    on_orphan(done.result())
-
-            job.add_done_callback(orphaned)
+        if borrows:
+            await _until_ended(job, waiting, deadline)
+        _give_up(job, waiting, on_orphan)
         raise
+    if job.done():  # ``waiting`` may learn it a loop turn later
+        waiting.add_done_callback(_read_outcome)
+        return job.result()
+    if borrows:
+        job.cancel()  # still queued: it never starts
+    _give_up(job, waiting, on_orphan)
+    raise TimeoutError("the call's deadline passed while its job ran in a thread")
+
+
+async def _until_ended(
+    job: Future[Any], waiting: asyncio.Future[Any], deadline: float | None
+) -> None:
+    """Wait, through any cancellations, until ``job`` ended or was dropped, or ``deadline``."""
+    if job.cancel():  # not started: it never will
+        return
+    while not job.done():
+        timeout = None if deadline is None else deadline - time.monotonic()
+        if timeout is not None and timeout <= 0:
+            return
+        # A cancellation while the job still reads the caller's memory must
+        # not end the call: the CancelledError already caught is re-raised
+        # by the caller once the job is over.
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait((waiting,), timeout=timeout)
+
+
+def _give_up(
+    job: Future[_T], waiting: asyncio.Future[_T], on_orphan: Callable[[_T], None] | None
+) -> None:
+    """Nobody receives ``job``'s outcome: read it quietly, hand a result to ``on_orphan``."""
+    # Nobody reads the job's outcome now: an error it ends with later (a
+    # connection the deadline gave up on, then closed by the server) would
+    # be reported to the loop as "never retrieved", although the caller got
+    # its own.
+    waiting.add_done_callback(_read_outcome)
+    if on_orphan is not None:
+
+        def orphaned(done: Future[_T]) -> None:
+            if not done.cancelled() and done.exception() is None:
+                on_orphan(done.result())
+
+        job.add_done_callback(orphaned)
 
 
 def _read_outcome(done: asyncio.Future[Any]) -> None:

@@ -1,4 +1,7 @@
-"""An outage costs SGLang a bounded wait and one typed warning; close() returns within 2 s."""
+"""An outage costs SGLang a bounded wait and one typed warning; close() returns within 2 s.
+
+A put past ``call_timeout`` returns once the store stopped reading SGLang's pages.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +12,10 @@ import time
 import uuid
 
 import pytest
+import torch
 
 from .conftest import RedisServer, mha_pool, storage_config
-from .test_backend import PAGE, _fill, _keys
+from .test_backend import PAGE, _fill, _keys, _pages
 
 LOGGER = "kvpool.integrations.sglang"
 
@@ -94,3 +98,46 @@ def test_misuse_of_the_pages_is_a_false_not_an_exception(tmp_path, backends, lay
     backend = backends(storage_config(f"file://{tmp_path}"), pool)
     src, _ = _fill(pool, 2, seed=4)
     assert backend.batch_set_v1(_keys(3), src) == [False, False, False]  # 3 keys, 2 pages
+
+
+def test_a_put_past_call_timeout_returns_once_it_stopped_reading_the_pages(
+    tmp_path, backends
+) -> None:
+    # A file store's write is held in its thread past call_timeout: batch_set_v1
+    # must not hand SGLang its pages back (False) while the write still reads them.
+    pool = mha_pool("page_first")
+    config = storage_config(f"file://{tmp_path}", call_timeout=0.3, threads=2)
+    backend = backends(config, pool)
+    src, wrote = _fill(pool, 2, seed=21)
+    keys = _keys(2)
+    real = backend.store.store.batched_put
+    entered, gate, left = threading.Event(), threading.Event(), threading.Event()
+
+    def held(*args: object) -> object:
+        entered.set()
+        gate.wait(10)
+        try:
+            return real(*args)
+        finally:
+            left.set()
+
+    backend.store.store.batched_put = held
+    opener = threading.Timer(0.8, gate.set)
+    opener.start()
+    started = time.monotonic()
+    try:
+        assert backend.batch_set_v1(keys, src) == [False, False]  # past call_timeout
+        returned_after_the_write = left.is_set()
+        took = time.monotonic() - started
+        flat = pool.kv_buffer.view(-1).view(torch.uint8)
+        flat.fill_(0x5A)  # SGLang reuses the pages as soon as the call returns
+    finally:
+        gate.set()
+        opener.join()
+    assert entered.is_set() and left.wait(5)
+    backend.store.store.batched_put = real
+    dst = pool.alloc(2 * PAGE)
+    assert backend.batch_get_v1(keys, dst) == [True, True]
+    for before, after in zip(wrote, _pages(pool, dst), strict=True):
+        assert torch.equal(before, after)  # the whole original pages, not the reused bytes
+    assert returned_after_the_write and 0.7 < took < 5

@@ -149,6 +149,7 @@ class KVPoolConnector(RemoteConnector):
         self._timeout = float(getattr(config, "blocking_timeout_secs", 10) or 10)
         self._pending: dict[str, asyncio.Future[bool]] = {}
         self._inflight = InFlight()
+        self._putting: dict[asyncio.Task[Any], int] = {}  # a put's task: its entries
         self.unfinished_puts = 0
 
     @property
@@ -164,6 +165,10 @@ class KVPoolConnector(RemoteConnector):
 
     def _leave(self, task: asyncio.Task[Any] | None) -> None:
         self._inflight.leave(task)
+
+    def _count_unfinished(self, task: asyncio.Task[Any]) -> None:
+        """close() cancels ``task``: count its entries if it is a put (it may end later)."""
+        self.unfinished_puts += self._putting.get(task, 0)
 
     def _by_close(self, task: asyncio.Task[Any] | None) -> bool:
         """True when ``task`` was cancelled by close() (and so is allowed to finish quietly)."""
@@ -198,6 +203,7 @@ class KVPoolConnector(RemoteConnector):
             self.report.failed(op, started, PoolClosedError("the connector is closed"))
             return
         names = [k.to_string() for k in keys]
+        self._putting[task] = len(names)
         done: asyncio.Future[bool] = self.loop.create_future()
         earlier = {f for n in names if (f := self._pending.get(n)) is not None}
         for n in names:
@@ -219,9 +225,8 @@ class KVPoolConnector(RemoteConnector):
             )
             self.report.ok()
         except asyncio.CancelledError:
-            if not self._by_close(task):
+            if not self._by_close(task):  # close() counted it in unfinished_puts
                 raise
-            self.unfinished_puts += len(names)
             self.counters.observe(op, _perf() - started, error=PoolClosedError("closed"))
         except Exception as exc:
             self.report.failed(op, started, exc)
@@ -233,6 +238,7 @@ class KVPoolConnector(RemoteConnector):
             for n in names:
                 if self._pending.get(n) is done:
                     del self._pending[n]
+            self._putting.pop(task, None)
             self._leave(task)
 
     # -- get ------------------------------------------------------------
@@ -491,7 +497,9 @@ class KVPoolConnector(RemoteConnector):
             return
         label = self.report.label
         await self._inflight.close(
-            self.store, lambda text: self.report.logger.warning("%s: %s", label, text)
+            self.store,
+            lambda text: self.report.logger.warning("%s: %s", label, text),
+            self._count_unfinished,
         )
         if self.unfinished_puts:
             self.report.logger.warning(

@@ -13,6 +13,11 @@ waited for at most ``call_timeout`` seconds:
 * ``batch_exists`` asks for every range at once and counts the leading
   pages whose ranges are all there.
 
+A ``batch_set_v1`` past ``call_timeout`` is cancelled and returns once the
+store stopped reading SGLang's pages (Redis at once, Mooncake by its own
+``timeout``, a file put when its write ends): SGLang may reuse a page as
+soon as the call returns.
+
 A miss, a refusal, an outage or a timeout is a ``False`` (or a shorter
 count) for SGLang, never an exception; outages are reported once
 (:class:`~kvpool.integrations.shared.report.Reporter`).  ``close()``
@@ -152,7 +157,9 @@ class KVPoolHiCacheStorage(HiCacheStorage):
             return []
         if not self.is_writer:
             return [True] * len(keys)
-        return self._run("batch_set_v1", self._set(keys, host_indices), [False] * len(keys))
+        return self._run(
+            "batch_set_v1", self._set(keys, host_indices), [False] * len(keys), borrows=True
+        )
 
     def batch_get_v1(
         self, keys: list[str], host_indices: torch.Tensor, extra_info: Any = None
@@ -255,11 +262,15 @@ class KVPoolHiCacheStorage(HiCacheStorage):
 
     # -- the calls, on the loop ---------------------------------------------
 
-    def _run(self, op: str, coro: Any, default: Any) -> Any:
-        """Run ``coro`` on the loop, bounded; any failure is ``default`` (reported)."""
+    def _run(self, op: str, coro: Any, default: Any, borrows: bool = False) -> Any:
+        """Run ``coro`` on the loop, bounded; any failure is ``default`` (reported).
+
+        ``borrows``: ``coro`` reads SGLang's pages (a put): past the bound
+        it returns only once the cancelled put stopped reading them.
+        """
         started = _perf()
         try:
-            return self._loop.run(coro, self.call_timeout)
+            return self._loop.run(coro, self.call_timeout, borrows=borrows)
         except PoolClosedError:
             return default
         except Exception as exc:

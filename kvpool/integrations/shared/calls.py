@@ -15,7 +15,9 @@ that closing never waits on the store for long:
 
 So a close returns within ``CLOSE_GRACE + CANCEL_WAIT + CLOSE_STORE_WAIT``
 (1.8 s) whatever a server does.  A put cancelled that way may or may not be
-stored (a command already sent may still be applied by the server).
+stored (a command already sent may still be applied by the server), and its
+task ends - handing the engine its memory back - only once the store stopped
+reading it.
 """
 
 from __future__ import annotations
@@ -74,6 +76,7 @@ class InFlight:
         """Stop tracking ``task`` (its call ended)."""
         if task is not None:
             self._calls.discard(task)
+            self._cancelled.discard(task)
 
     def by_close(self, task: asyncio.Task[Any] | None) -> bool:
         """True when ``task`` was cancelled by :meth:`close` (it may then finish quietly)."""
@@ -84,12 +87,21 @@ class InFlight:
             uncancel()
         return True
 
-    async def close(self, store: Any, warn: Callable[[str], None]) -> None:
+    async def close(
+        self,
+        store: Any,
+        warn: Callable[[str], None],
+        on_cancel: Callable[[asyncio.Task[Any]], None] | None = None,
+    ) -> None:
         """Finish or cancel the calls in flight, then close ``store`` (see the module).
+
+        A call it cancels may end after it returns (a put whose store still
+        reads the caller's memory): :meth:`by_close` knows it until it leaves.
 
         Args:
             store: the asyncio store (its ``aclose()`` is awaited, bounded).
             warn: called with a message when the store did not close cleanly.
+            on_cancel: called with each task it cancels, before cancelling it.
         """
         if self.closing:
             return
@@ -102,13 +114,14 @@ class InFlight:
                 self._cancelled.update(late)
                 self.cancelled += len(late)
                 for t in late:
+                    if on_cancel is not None:
+                        on_cancel(t)
                     t.cancel()
                 await asyncio.wait(late, timeout=CANCEL_WAIT)
         try:
             await asyncio.wait_for(store.aclose(), max(deadline - _perf(), CLOSE_STORE_WAIT))
         except Exception as exc:
             warn(f"the store did not close cleanly ({type(exc).__name__}: {exc})")
-        self._cancelled.clear()
 
 
 class LoopThread:
@@ -124,6 +137,8 @@ class LoopThread:
     def __init__(self, name: str) -> None:
         self.loop = asyncio.new_event_loop()
         self._stopped = False
+        # Done once the loop is told to stop: a lending call stops waiting then.
+        self._halted: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -131,8 +146,18 @@ class LoopThread:
         asyncio.set_event_loop(self.loop)
         self.loop.run_forever()
 
-    def run(self, coro: Coroutine[Any, Any, _T], timeout: float) -> _T:
+    def run(self, coro: Coroutine[Any, Any, _T], timeout: float, *, borrows: bool = False) -> _T:
         """Run ``coro`` on the loop and wait for it, at most ``timeout`` seconds.
+
+        Args:
+            coro: the call.
+            timeout: seconds to wait for it.
+            borrows: ``coro`` reads memory the caller lends (a put of an
+                engine's pages): past ``timeout`` it is cancelled as
+                usual, but this returns only once it has ended - the
+                stores' cancelled puts stop reading first (Redis at once,
+                Mooncake by its own deadline, a file put when its write
+                ends) - or once the loop is stopped.
 
         Raises:
             StoreTimeoutError: no result within ``timeout`` (the call is
@@ -150,11 +175,22 @@ class LoopThread:
         if self._stopped:
             coro.close()
             raise PoolClosedError("the integration's event loop was stopped")
-        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        started: list[Any] = []  # the task running it, once it runs
+        future = asyncio.run_coroutine_threadsafe(_noting_task(coro, started), self.loop)
         try:
             return future.result(timeout)
         except concurrent.futures.TimeoutError:
-            future.cancel()
+            if not borrows:
+                future.cancel()
+            else:
+                # Cancel the task itself (cancelling ``future`` would end it
+                # at once), then wait until the coroutine is over.
+                self.loop.call_soon_threadsafe(_cancel, started)
+                concurrent.futures.wait(
+                    (future, self._halted), return_when=concurrent.futures.FIRST_COMPLETED
+                )
+                if future.done() and not future.cancelled() and future.exception() is None:
+                    return future.result()  # it finished before the cancellation arrived
             raise StoreTimeoutError(f"no answer within {timeout:g} s") from None
 
     def stop(self, timeout: float = 1.0) -> None:
@@ -162,7 +198,25 @@ class LoopThread:
         if self._stopped:
             return
         self._stopped = True
+        self._halted.set_result(None)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout)
         if not self._thread.is_alive():
             self.loop.close()
+
+
+async def _noting_task(coro: Coroutine[Any, Any, _T], started: list[Any]) -> _T:
+    """``await coro``, having put the task running it in ``started`` (unless too late)."""
+    if started:  # the call ran out of time before it began (see _cancel): it never runs
+        coro.close()
+        raise asyncio.CancelledError
+    started.append(asyncio.current_task())
+    return await coro
+
+
+def _cancel(started: list[Any]) -> None:
+    """On the loop: cancel the task of a call that ran out of time."""
+    if started:
+        started[0].cancel()
+    else:  # its task has not taken a step yet: it will find this and stop
+        started.append(None)

@@ -27,14 +27,17 @@ blocking get; the hop measured on /dev/shm: see ``docs/measurements.md``).
 
 Cancellation: a call on the loop has no await inside, so it completes or
 never starts.  A call in a thread still finishes there (a file operation
-cannot be interrupted halfway without leaving a torn state), and an
-object a cancelled ``get`` allocated is freed in that thread when it does.
+cannot be interrupted halfway without leaving a torn state): an object a
+cancelled ``get`` allocated is freed in that thread when it does, and a
+cancelled ``put`` or ``batched_put`` (split or not) returns only once its
+threads have stopped reading the caller's objects (``offload(...,
+borrows=True)``), so memory an engine lent can be reused as soon as it
+returns.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ctypes
 import os
 from collections.abc import Callable, Sequence
@@ -93,28 +96,6 @@ def on_tmpfs(path: str) -> bool:
 def _discard_all(objs: list[MemoryObj | None]) -> None:
     for obj in objs:
         discard(obj)
-
-
-async def _parts_to_the_end(
-    pool: ThreadPoolExecutor, fn: Callable[..., Any], parts: list[tuple[Any, ...]]
-) -> list[Any]:
-    """``fn(*args)`` for every part at once in ``pool``; results or exceptions, in order.
-
-    A cancellation waits for every part to end, then propagates: the parts
-    read memory the caller may reuse as soon as the call returns.
-    """
-    loop = asyncio.get_running_loop()
-    every = asyncio.gather(
-        *(asyncio.wrap_future(pool.submit(fn, *args), loop=loop) for args in parts),
-        return_exceptions=True,
-    )
-    try:
-        return await asyncio.shield(every)
-    except asyncio.CancelledError:
-        while not every.done():
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.shield(every)
-        raise
 
 
 def _nbytes(obj: Any) -> int:
@@ -184,11 +165,15 @@ class AsyncFileStore(AsyncRemoteStore):
         )
 
     async def _run(
-        self, fn: Callable[..., Any], *args: Any, on_orphan: Callable[[Any], None] | None = None
+        self,
+        fn: Callable[..., Any],
+        *args: Any,
+        on_orphan: Callable[[Any], None] | None = None,
+        borrows: bool = False,
     ) -> Any:
         if self._threads is None:
             return fn(*args)
-        return await offload(self._threads, fn, *args, on_orphan=on_orphan)
+        return await offload(self._threads, fn, *args, on_orphan=on_orphan, borrows=borrows)
 
     @property
     def directory(self) -> str:
@@ -196,9 +181,13 @@ class AsyncFileStore(AsyncRemoteStore):
         return self.store.directory
 
     async def put(self, key: Key, memory_obj: MemoryObj) -> None:
-        """Store ``memory_obj`` under ``key`` (see :meth:`FileStore.put`)."""
+        """Store ``memory_obj`` under ``key`` (see :meth:`FileStore.put`).
+
+        Cancelled, it returns (raising ``CancelledError``) only once the
+        write stopped reading ``memory_obj``.
+        """
         self._check_open()
-        await self._run(self.store.put, key, memory_obj)
+        await self._run(self.store.put, key, memory_obj, borrows=True)
 
     async def get(
         self,
@@ -234,9 +223,9 @@ class AsyncFileStore(AsyncRemoteStore):
 
         Every part is written even when another fails; then the error of
         the first part that failed (in the batch's order) is raised.  A
-        split put that is cancelled returns (raising ``CancelledError``)
-        only once its parts have ended: the objects' memory is not read
-        after the call returns, as when the batch ran on the loop.
+        put that is cancelled returns (raising ``CancelledError``) only
+        once its parts have ended: the objects' memory is not read after
+        the call returns, as when the batch runs on the loop.
         """
         self._check_open()
         pool = self._parts
@@ -247,11 +236,15 @@ class AsyncFileStore(AsyncRemoteStore):
             nbytes = sum(_nbytes(obj) for obj in memory_objs)
             bounds = _parts(len(keys), nbytes, self.batch_threads)
         if pool is None or len(bounds) < 2:
-            await self._run(self.store.batched_put, keys, memory_objs)
+            await self._run(self.store.batched_put, keys, memory_objs, borrows=True)
             return
         keys, memory_objs = list(keys), list(memory_objs)
-        outcomes = await _parts_to_the_end(
-            pool, self.store.batched_put, [(keys[a:b], memory_objs[a:b]) for a, b in bounds]
+        outcomes = await self._split(
+            pool,
+            self.store.batched_put,
+            [(keys[a:b], memory_objs[a:b]) for a, b in bounds],
+            None,
+            borrows=True,
         )
         for outcome in outcomes:
             if isinstance(outcome, BaseException):
@@ -319,15 +312,18 @@ class AsyncFileStore(AsyncRemoteStore):
         fn: Callable[..., Any],
         parts: list[tuple[Any, ...]],
         on_orphan: Callable[[Any], None] | None,
+        borrows: bool = False,
     ) -> list[Any]:
         """``fn(*args)`` for every part at once in ``pool``; results or exceptions, in order.
 
         When the awaiting task is cancelled, a part that had finished has
         its result given to ``on_orphan`` here, and one still running gets
-        it in its thread when it finishes (:func:`offload`).
+        it in its thread when it finishes (:func:`offload`); with
+        ``borrows`` (a put) the cancellation waits for every part to end.
         """
         jobs = [
-            asyncio.ensure_future(offload(pool, fn, *args, on_orphan=on_orphan)) for args in parts
+            asyncio.ensure_future(offload(pool, fn, *args, on_orphan=on_orphan, borrows=borrows))
+            for args in parts
         ]
         try:
             return await asyncio.gather(*jobs, return_exceptions=True)

@@ -18,9 +18,14 @@ interrupted: one that already started finishes in its thread (an entry it
 writes is whole or absent; an object it reads is freed there), one still
 queued never starts.
 
-Cancellation: as a timeout - a ``get`` whose caller is gone frees the
-objects it allocated in the thread that finishes it, and a queued call is
-dropped.
+Cancellation: a queued call is dropped; a ``get`` whose caller is gone
+frees the objects it allocated in the thread that finishes it.  A
+cancelled ``put`` or ``batched_put`` returns only once Mooncake stopped
+reading the caller's objects (``offload(..., borrows=True)``) - at the
+latest at the call's deadline, ``timeout`` seconds after it began.  A put
+that outlives its deadline (cancelled or timed out) may read memory its
+caller reuses by then, so when it ends it removes the entries it wrote:
+a later ``get`` misses rather than read another chunk's bytes.
 
 Closing: :meth:`~AsyncMooncakeStore.aclose` refuses new calls, waits for
 the calls in their threads (at most ``timeout`` seconds), closes the
@@ -40,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -178,14 +184,20 @@ class AsyncMooncakeStore(AsyncRemoteStore):
         fn: Callable[..., Any],
         *args: Any,
         on_orphan: Callable[[Any], None] | None = None,
+        writes: Sequence[Key] | None = None,
     ) -> Any:
-        """``fn(*args)`` in a thread, awaited within the timeout."""
+        """``fn(*args)`` in a thread, awaited within the timeout.
+
+        ``writes``: the keys of a put, whose objects the job reads: a
+        cancellation waits for it (until the deadline), and a job that
+        ends after its caller gave up removes those keys.
+        """
         self._check_open()
-        dropped = False
+        gone = False  # the caller stopped waiting (a queued job then never runs)
 
         def job() -> Any:
             with self._lock:
-                if dropped:
+                if gone:
                     raise _Dropped
                 if self._shut:
                     raise PoolClosedError(f"{self!r} is closed")
@@ -193,25 +205,39 @@ class AsyncMooncakeStore(AsyncRemoteStore):
             try:
                 return fn(*args)
             finally:
+                if gone and writes is not None:
+                    self._undo(writes)
                 self._ended()
 
         try:
-            return await asyncio.wait_for(
-                offload(self._threads, job, on_orphan=on_orphan), self.timeout
+            return await offload(
+                self._threads,
+                job,
+                on_orphan=on_orphan,
+                borrows=writes is not None,
+                deadline=time.monotonic() + self.timeout,
             )
-        except asyncio.TimeoutError:
-            dropped = True
+        except StoreTimeoutError:  # the blocking store's own
+            raise
+        except TimeoutError:
+            gone = True
             raise StoreTimeoutError(
                 f"{action} on {self.server}: no answer within {self.timeout} s (a call that "
-                "started finishes in its thread: an entry it writes is whole or absent)"
+                "started finishes in its thread: a get frees what it read, a put removes "
+                "what it wrote)"
             ) from None
         except asyncio.CancelledError:
-            dropped = True
+            gone = True
             raise
         except RuntimeError as exc:  # the threads were shut down meanwhile
             if self._closed:
                 raise PoolClosedError(f"{self!r} is closed") from None
             raise exc
+
+    def _undo(self, keys: Sequence[Key]) -> None:
+        """Remove what a put wrote after its caller gave up (its bytes may be torn)."""
+        with contextlib.suppress(Exception):  # nobody to report to; a miss either way
+            self.store.batched_delete(list(keys))
 
     def _ended(self) -> None:
         """A call left the blocking store: the last one after a close closes it."""
@@ -232,12 +258,19 @@ class AsyncMooncakeStore(AsyncRemoteStore):
     # -- the calls ------------------------------------------------------
 
     async def put(self, key: Key, memory_obj: MemoryObj) -> None:
-        """Store ``memory_obj`` under ``key`` (see :meth:`MooncakeStore.put`)."""
-        await self._run("put", self.store.put, key, memory_obj)
+        """Store ``memory_obj`` under ``key`` (see :meth:`MooncakeStore.put`).
+
+        Cancelled, it returns once Mooncake stopped reading ``memory_obj``
+        (at the latest at the deadline: see the module notes).
+        """
+        await self._run("put", self.store.put, key, memory_obj, writes=(key,))
 
     async def batched_put(self, keys: Sequence[Key], memory_objs: Sequence[MemoryObj]) -> None:
-        """Store each object: one thread hop, one Mooncake batch (see ``MooncakeStore``)."""
-        await self._run("batched_put", self.store.batched_put, keys, memory_objs)
+        """Store each object: one thread hop, one Mooncake batch (see ``MooncakeStore``).
+
+        Cancelled, it returns as :meth:`put` does.
+        """
+        await self._run("batched_put", self.store.batched_put, keys, memory_objs, writes=keys)
 
     async def get(
         self,
