@@ -7,8 +7,8 @@
 #                   make compat
 #   make compat     LMCache 0.5.6's own code on kvpool memory (tests/compat), in a
 #                   cached environment with lmcache over this interpreter's packages;
-#                   then SGLang 0.5.23's HiCache on kvpool's stores (tests/compat_sglang),
-#                   in a second cached environment
+#                   and at the same time SGLang 0.5.23's HiCache on kvpool's stores
+#                   (tests/compat_sglang), in a second cached environment
 #   make demo       run the main job from this clone: the capability report, then a verified
 #                   put/get round trip.  Installs what the demo needs (torch 2.13.0, cffi,
 #                   numpy) into $(PYTHON)'s environment, which it names first
@@ -78,7 +78,12 @@ deps:
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e ".[test,docs]"
 
+# The two compat environments are built (or found cached) in the background while pytest runs:
+# building one is mostly pip unpacking wheels, and make compat then finds it ready (make_venv.py
+# locks each one, so compat waits for a build still running, and rebuilds, with its output, one
+# that failed).
 test: deps lib check fake-cudart
+	@$(PYTHON) tests/compat/make_venv.py --all >/dev/null 2>&1 & \
 	$(PYTHON) -m pytest tests
 	$(MAKE) docs-check PYTHON=$(PYTHON)
 	$(MAKE) compat PYTHON=$(PYTHON)
@@ -101,14 +106,21 @@ docs-check:
 # The environment is built once per requirements file, interpreter and torch,
 # under $$KVPOOL_COMPAT_CACHE (default ~/.cache/kvpool); every package goes in
 # with --no-deps, so no CUDA torch is ever pulled in.
+# The two suites run at the same time (each waits on its servers and threads
+# much of the time; each starts its own servers on free ports): LMCache's
+# prints as it goes, SGLang's log is printed when both have ended.
 compat: lib
-	@compat_python=$$($(PYTHON) tests/compat/make_venv.py) && \
-	echo "compat: $$compat_python" && \
-	KVPOOL_REQUIRE_LMCACHE=1 $$compat_python -m pytest tests/compat
-	@sglang_python=$$($(PYTHON) tests/compat/make_venv.py \
-		--requirements tests/compat/requirements-sgl0523.txt) && \
-	echo "compat: $$sglang_python" && \
-	KVPOOL_REQUIRE_SGLANG=1 $$sglang_python -m pytest tests/compat_sglang
+	@set -e; compat_python=$$($(PYTHON) tests/compat/make_venv.py); \
+	sglang_python=$$($(PYTHON) tests/compat/make_venv.py \
+		--requirements tests/compat/requirements-sgl0523.txt); \
+	echo "compat: $$compat_python (tests/compat), $$sglang_python (tests/compat_sglang)"; \
+	log=$$(mktemp); trap 'rm -f "$$log"' EXIT; set +e; \
+	KVPOOL_REQUIRE_SGLANG=1 $$sglang_python -m pytest tests/compat_sglang >"$$log" 2>&1 & \
+	sglang=$$!; \
+	KVPOOL_REQUIRE_LMCACHE=1 $$compat_python -m pytest tests/compat; lmcache_status=$$?; \
+	wait $$sglang; sglang_status=$$?; \
+	echo "== tests/compat_sglang (SGLang 0.5.23):"; cat "$$log"; \
+	[ $$lmcache_status -eq 0 ] && [ $$sglang_status -eq 0 ]
 
 # Only what the demo needs: torch (the CPU build, pinned as for deps) and
 # kvpool's other dependencies; the demo runs this clone's kvpool (python -m

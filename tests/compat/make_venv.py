@@ -27,7 +27,9 @@ SGLang's, ``sgl0523-<hash>``).  Files in a ``site-<name>/`` folder next to
 the requirements file (a ``.pth`` and the module it loads) are copied into
 the environment's site-packages, and are part of the hash.
 
-Options: ``--cache DIR``, ``--requirements FILE``, ``--rebuild``.
+Options: ``--cache DIR``, ``--requirements FILE``, ``--rebuild``, ``--all`` (every
+environment ``make compat`` uses - LMCache's, then SGLang's - one after the other;
+``make test`` builds them so in the background while pytest runs).
 Exit status 0 on success; on failure the pip output is shown and the
 status is non-zero.
 """
@@ -159,23 +161,38 @@ def build(venv: Path, requirements: Path) -> None:
     (venv / STAMP).write_text("ok\n")
 
 
+#: What ``--all`` builds: every environment ``make compat`` runs a suite in.
+ALL_REQUIREMENTS = (REQUIREMENTS, HERE / "requirements-sgl0523.txt")
+
+
+def ensure(requirements: Path, root: Path, rebuild: bool) -> Path:
+    """The python of the environment of ``requirements`` under ``root``, built if needed."""
+    venv = root / f"{env_name(requirements)}-{environment_key(requirements)}"
+    with open(root / f"{venv.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if rebuild or not (venv / STAMP).is_file():
+            print(f"make_venv: building {venv}", file=sys.stderr)
+            build(venv, requirements)
+    return venv / "bin" / "python"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Print the compat environment's python, building it first if needed."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cache", help="folder of the cached environments")
     parser.add_argument("--requirements", default=str(REQUIREMENTS))
     parser.add_argument("--rebuild", action="store_true", help="rebuild even if cached")
+    parser.add_argument(
+        "--all",
+        action="store_true",
+        help="every environment make compat uses (ignores --requirements)",
+    )
     args = parser.parse_args(argv)
-    requirements = Path(args.requirements).resolve()
     root = cache_root(args.cache)
     root.mkdir(parents=True, exist_ok=True)
-    venv = root / f"{env_name(requirements)}-{environment_key(requirements)}"
-    with open(root / f"{venv.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if args.rebuild or not (venv / STAMP).is_file():
-            print(f"make_venv: building {venv}", file=sys.stderr)
-            build(venv, requirements)
-    print(venv / "bin" / "python")
+    chosen = ALL_REQUIREMENTS if args.all else (Path(args.requirements),)
+    for requirements in chosen:
+        print(ensure(requirements.resolve(), root, args.rebuild))
     return 0
 
 
