@@ -259,10 +259,13 @@ async def _cancel_mid_send(store: AsyncRemoteStore, stop: Callable[[], None],
     obj.ref_count_down()
     await store.ping()  # type: ignore[attr-defined]  # the server read what it got
     if await store.exists("huge"):  # a truncated command is never applied; a whole one is ours
-        with kvpool.TensorMemoryAllocator(torch.empty(HUGE + (1 << 20), dtype=torch.uint8)) as p:
-            got = await store.get("huge", p, torch.Size([HUGE]), torch.uint8)
+        pool = kvpool.TensorMemoryAllocator(torch.empty(HUGE + (1 << 20), dtype=torch.uint8))
+        try:
+            got = await store.get("huge", pool, torch.Size([HUGE]), torch.uint8)
             assert got is not None and bool((got.tensor == 0x11).all())
             got.ref_count_down()
+        finally:
+            pool.close()
         await store.delete("huge")
 
 

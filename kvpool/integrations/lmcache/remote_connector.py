@@ -52,10 +52,10 @@ from kvpool.errors import (
 from kvpool.integrations.lmcache.remote_config import PluginConfigError, PluginSettings
 from kvpool.integrations.lmcache.remote_memory import (
     BackendAllocator,
+    Sender,
     fits,
     kvpool_format,
     layer_layout,
-    sendable,
     unsend,
 )
 from kvpool.integrations.lmcache.remote_report import Reporter, plugin_logger
@@ -129,6 +129,7 @@ class KVPoolConnector(RemoteConnector):
             "LMCache gets misses from this backend",
         )
         self._allocator = BackendAllocator(local_cpu_backend)
+        self._sendable = Sender(local_cpu_backend)
         self._fmt = kvpool_format(self.meta_fmt)
         # What a stored chunk may be: the engine's chunk, or with use_layerwise
         # one layer of it (LMCache then stores an object per layer).
@@ -214,7 +215,7 @@ class KVPoolConnector(RemoteConnector):
             if earlier:  # the entry a key ends with is its last put's
                 await asyncio.wait(earlier)
             for obj in objs:  # one by one: the views made before a refusal are ended below
-                sent.append(sendable(obj))
+                sent.append(self._sendable(obj))
             if len(names) == 1 and op == "put":
                 await self.store.put(names[0], sent[0])
             else:
