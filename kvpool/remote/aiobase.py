@@ -43,7 +43,7 @@ from kvpool.errors import PoolClosedError
 from kvpool.formats import MemoryFormat
 from kvpool.pool.interface import MemoryAllocatorInterface
 from kvpool.pool.objects import MemoryObj
-from kvpool.remote.base import Key
+from kvpool.remote.base import Key, unsupported_prefix
 from kvpool.remote.header import EntryInfo
 from kvpool.remote.objects import let_go
 
@@ -246,6 +246,14 @@ class AsyncRemoteStore(RefusesUnknownKeywords, metaclass=abc.ABCMeta):
     @abc.abstractmethod
     async def batched_delete(self, keys: Sequence[Key]) -> int:
         """``delete`` of each key; how many existed."""
+
+    async def delete_prefix(self, prefix: Key) -> int:
+        """Remove every entry under ``prefix`` (see :meth:`RemoteStore.delete_prefix`).
+
+        Raises:
+            FeatureUnavailableError: the store cannot list its keys.
+        """
+        raise unsupported_prefix(self)
 
     def _close(self) -> None:
         """Release the store's own resources (called once)."""

@@ -25,6 +25,7 @@ import torch
 from kvpool.checks import RefusesUnknownKeywords
 from kvpool.errors import (
     ArgumentTypeError,
+    FeatureUnavailableError,
     InvalidArgumentError,
     PoolClosedError,
 )
@@ -41,7 +42,7 @@ from kvpool.remote.header import (
 )
 from kvpool.remote.objects import discard
 
-__all__ = ["MAX_KEY_BYTES", "Key", "RemoteStore", "key_bytes", "live_stores"]
+__all__ = ["MAX_KEY_BYTES", "Key", "RemoteStore", "key_bytes", "live_stores", "prefix_bytes"]
 
 #: A store key: ``str`` (encoded as UTF-8) or ``bytes``; ``"a"`` and ``b"a"``
 #: name the same entry.
@@ -79,6 +80,30 @@ def key_bytes(key: object) -> bytes:
             f"key of {len(data)} bytes is longer than the limit of {MAX_KEY_BYTES}"  # type: ignore[arg-type]
         )
     return data  # type: ignore[return-value]
+
+
+def prefix_bytes(prefix: object) -> bytes:
+    """Return the ``prefix`` of a ``delete_prefix`` as bytes (as :func:`key_bytes`).
+
+    Raises:
+        InvalidArgumentError: a bad key, or an empty one (it would name
+            every entry of the store, other users' included).
+    """
+    data = key_bytes(prefix)
+    if not data:
+        raise InvalidArgumentError(
+            "delete_prefix needs a non-empty prefix: an empty one would remove every entry of "
+            "the store, other users' too; pass the prefix your keys share"
+        )
+    return data
+
+
+def unsupported_prefix(store: object) -> FeatureUnavailableError:
+    """The error of a store that cannot enumerate its keys (no ``delete_prefix``)."""
+    return FeatureUnavailableError(
+        f"{type(store).__name__} cannot list its entries, so it has no delete_prefix; delete "
+        "the keys one by one (batched_delete) or expire them"
+    )
 
 
 def check_list(name: str, value: object) -> Sequence[Any]:
@@ -359,6 +384,32 @@ class RemoteStore(RefusesUnknownKeywords, metaclass=abc.ABCMeta):
             PoolClosedError: the store was closed.
             RemoteStoreError: the store failed.
         """
+
+    def delete_prefix(self, prefix: Key) -> int:
+        """Remove every entry whose key starts with ``prefix``; returns how many were removed.
+
+        Only this store's entries are looked at (a Redis or Mooncake
+        store's own ``prefix`` namespace, a file store's directory), and a
+        key matches when it starts with ``prefix`` byte for byte: glob or
+        regex characters in it match themselves.  An entry put while the
+        call runs may stay.  Every store of kvpool has it; the cost is one
+        pass over the keys the store holds (each store says how it is
+        bounded).
+
+        Args:
+            prefix: ``str`` or ``bytes``, not empty.
+
+        Returns:
+            The number of entries removed.
+
+        Raises:
+            InvalidArgumentError: an empty or bad prefix.
+            FeatureUnavailableError: the store cannot list its keys.
+            PoolClosedError: the store was closed.
+            RemoteStoreError: the store failed (a subclass says how; a
+                ``StoreTimeoutError`` says how many were removed by then).
+        """
+        raise unsupported_prefix(self)
 
     def _close(self) -> None:
         """Release the store's own resources (called once by :meth:`close`)."""

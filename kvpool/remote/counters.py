@@ -55,6 +55,7 @@ OPERATIONS = (
     "batched_get",
     "batched_exists",
     "batched_delete",
+    "delete_prefix",
 )
 
 #: Upper bounds (seconds) of the latency histogram buckets; one more
@@ -96,7 +97,8 @@ class OpCounts:
     Attributes:
         calls: calls that returned or raised.
         entries: entries the successful calls handled (1 per single call,
-            ``len(keys)`` per batched call).
+            ``len(keys)`` per batched call, the entries removed by
+            ``delete_prefix``).
         nbytes: payload bytes moved by the successful calls (put: stored,
             get: read back).
         misses: keys a successful get found absent (``None`` returned).
@@ -333,6 +335,10 @@ def _batched_keys(
     return (len(keys) if hasattr(keys, "__len__") else 0), 0, 0
 
 
+def _removed(args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> tuple[int, int, int]:
+    return (result if isinstance(result, int) else 0), 0, 0
+
+
 _MEASURES: dict[str, Measure] = {
     "put": _put,
     "get": _get,
@@ -340,6 +346,7 @@ _MEASURES: dict[str, Measure] = {
     "batched_get": _batched_get,
     "batched_exists": _batched_keys,
     "batched_delete": _batched_keys,
+    "delete_prefix": _removed,
 }
 
 

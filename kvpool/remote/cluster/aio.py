@@ -48,7 +48,7 @@ from kvpool.formats import MemoryFormat
 from kvpool.pool.interface import MemoryAllocatorInterface
 from kvpool.pool.objects import MemoryObj
 from kvpool.remote.aiobase import AsyncRemoteStore
-from kvpool.remote.base import Key, check_pairs, get_request, key_bytes, key_list
+from kvpool.remote.base import Key, check_pairs, get_request, key_bytes, key_list, prefix_bytes
 from kvpool.remote.cluster.common import (
     ClusterCommon,
     Groups,
@@ -64,6 +64,7 @@ from kvpool.remote.objects import hold, release
 from kvpool.remote.redis.aio import AsyncNodePool
 from kvpool.remote.redis.common import DEFAULT_WINDOW, Plan, check_seconds
 from kvpool.remote.redis.connection import now
+from kvpool.remote.redis.prefix import delete_prefix_plan
 from kvpool.remote.redis.resp import DEFAULT_LIMITS, Limits
 
 __all__ = ["AsyncRedisClusterStore"]
@@ -240,12 +241,16 @@ class AsyncRedisClusterStore(AsyncRemoteStore, ClusterCommon):
                 free_object(value)
             raise
         finally:
-            self._busy -= 1
-            if not self._busy:
-                while self._drained:
-                    waiter = self._drained.pop()
-                    if not waiter.done():
-                        waiter.set_result(None)
+            self._left()
+
+    def _left(self) -> None:
+        """A call ended: wake the closes waiting for the last one."""
+        self._busy -= 1
+        if not self._busy:
+            while self._drained:
+                waiter = self._drained.pop()
+                if not waiter.done():
+                    waiter.set_result(None)
 
     async def _run_groups(
         self,
@@ -402,6 +407,33 @@ class AsyncRedisClusterStore(AsyncRemoteStore, ClusterCommon):
             return 0
         action = "delete" if len(kbs) == 1 else "batched_delete"
         return sum(self._count_result(action, await self._route(action, self._delete_op(kbs))))
+
+    async def delete_prefix(self, prefix: Key) -> int:
+        """Remove every entry under ``prefix`` (see :meth:`RedisClusterStore.delete_prefix`)."""
+        pb = prefix_bytes(prefix)
+        self._check_open()
+        deadline = now() + self.timeout
+        removed = [0]
+        failed: BaseException | None = None
+        self._busy += 1
+        try:
+            if not self._nodes.has_map():
+                await self._refresh(deadline)
+            for address in self.masters:
+                pool = self._nodes.pool(address)
+                where = f"delete_prefix {pb!r} on {pool.label}"
+                plan = delete_prefix_plan(self._prefix + pb, where, removed, one_key_each=True)
+                try:
+                    await self._serve(pool, plan, deadline)
+                except Exception as exc:
+                    failed = failed or self._map_error(exc, where)
+        except StoreTimeoutError as exc:
+            failed = exc
+        finally:
+            self._left()
+        if failed is not None:
+            raise self._cut_off(failed, removed[0]) from None
+        return removed[0]
 
     async def head(self, key: Key) -> EntryInfo | None:
         """The stored header of ``key`` (see :meth:`RedisClusterStore.head`)."""

@@ -45,11 +45,19 @@ import torch
 
 import kvpool.remote.redis.wire as wire
 from kvpool.checks import check_bool
-from kvpool.errors import RemoteStoreError
+from kvpool.errors import RemoteStoreError, StoreTimeoutError
 from kvpool.formats import MemoryFormat
 from kvpool.pool.interface import MemoryAllocatorInterface
 from kvpool.pool.objects import MemoryObj
-from kvpool.remote.base import Key, RemoteStore, check_pairs, get_request, key_bytes, key_list
+from kvpool.remote.base import (
+    Key,
+    RemoteStore,
+    check_pairs,
+    get_request,
+    key_bytes,
+    key_list,
+    prefix_bytes,
+)
 from kvpool.remote.cluster.common import (
     ClusterCommon,
     Groups,
@@ -64,6 +72,7 @@ from kvpool.remote.header import EntryInfo
 from kvpool.remote.objects import hold, release
 from kvpool.remote.redis.common import DEFAULT_WINDOW, check_seconds
 from kvpool.remote.redis.connection import now
+from kvpool.remote.redis.prefix import delete_prefix_plan
 from kvpool.remote.redis.resp import DEFAULT_LIMITS, Limits
 
 __all__ = ["RedisClusterStore"]
@@ -384,6 +393,50 @@ class RedisClusterStore(RemoteStore, ClusterCommon):
             return 0
         action = "delete" if len(kbs) == 1 else "batched_delete"
         return sum(self._count_result(action, self._route(action, self._delete_op(kbs))))
+
+    def delete_prefix(self, prefix: Key) -> int:
+        """Remove every entry whose key starts with ``prefix``; how many were removed.
+
+        As :meth:`RemoteStore.delete_prefix`, on every master of the slot
+        map, one after the other: ``SCAN MATCH`` over the master's keys,
+        one ``UNLINK`` per key found (:mod:`kvpool.remote.redis.prefix`).
+        The whole call is bounded by ``timeout``, past which it raises
+        ``StoreTimeoutError`` saying how many it removed.  A key moved to
+        another master while the call runs may stay.  O(keys in the cluster).
+
+        Raises:
+            StoreConnectionError: a master cannot be reached (the others
+                were cleared first).
+        """
+        pb = prefix_bytes(prefix)
+        self._check_open()
+        deadline = now() + self.timeout
+        removed = [0]
+        failed: BaseException | None = None
+        try:
+            if not self._nodes.has_map():
+                self._nodes.refresh(deadline)
+            for address in self.masters:
+                pool = self._nodes.pool(address)
+                where = f"delete_prefix {pb!r} on {pool.label}"
+                plan = delete_prefix_plan(self._prefix + pb, where, removed, one_key_each=True)
+                try:
+                    conn = pool.acquire(deadline)
+                except BaseException as exc:
+                    failed = failed or self._map_error(exc, where)
+                    continue
+                try:
+                    conn.run(plan(conn.reader), deadline)
+                except BaseException as exc:
+                    pool.discard(conn)
+                    failed = failed or self._map_error(exc, where)
+                    continue
+                pool.release(conn)
+        except StoreTimeoutError as exc:
+            failed = exc
+        if failed is not None:
+            raise self._cut_off(failed, removed[0]) from None
+        return removed[0]
 
     def head(self, key: Key) -> EntryInfo | None:
         """The stored header of ``key`` (see :meth:`RemoteStore.head`).

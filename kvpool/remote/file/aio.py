@@ -218,6 +218,11 @@ class AsyncFileStore(AsyncRemoteStore):
         self._check_open()
         return await self._run(self.store.head, key)
 
+    async def delete_prefix(self, prefix: Key) -> int:
+        """Remove every entry under ``prefix`` (see :meth:`FileStore.delete_prefix`)."""
+        self._check_open()
+        return await self._run(self.store.delete_prefix, prefix)  # type: ignore[no-any-return]
+
     async def batched_put(self, keys: Sequence[Key], memory_objs: Sequence[MemoryObj]) -> None:
         """``put`` of each pair (see :meth:`FileStore.batched_put`), large batches split.
 

@@ -52,23 +52,18 @@ name is discarded (the name is unlinked, the file it points to is never
 written).  So neither a symlink nor a hard link planted in the directory
 makes a store read or write a file outside it.
 
-Key to file name: ``"k"`` + the key percent-encoded (every byte but
-``A-Z a-z 0-9 _ . - ~``), or ``"h"`` + the SHA-256 of the key when that
-name would be longer than 200 characters.  Names never contain ``/``,
-never start with ``.`` and cannot be ``.``/``..``: no key can reach
-outside the directory.  Temporary files start with ``.tmp-``.
+Key to file name: ``"k"`` + the key percent-encoded, or ``"h"`` + its
+SHA-256 for a long key (:mod:`kvpool.remote.file.names`: no key can reach
+outside the directory).  Temporary files start with ``.tmp-``.
 """
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import os
-import re
 import zlib
 from collections import deque
 from collections.abc import Sequence
-from urllib.parse import quote_from_bytes
 
 import torch
 
@@ -91,9 +86,11 @@ from kvpool.remote.base import (
     get_request,
     key_bytes,
     key_list,
+    prefix_bytes,
     raise_first,
 )
 from kvpool.remote.file.io import CLOEXEC, open_entry
+from kvpool.remote.file.names import entry_name, plain_name, remove_prefix
 from kvpool.remote.file.spares import Spares, remove_dead_temp, temp_name
 from kvpool.remote.header import (
     EntryInfo,
@@ -116,9 +113,7 @@ __all__ = ["FileStore"]
 
 # _get_direct's answer for "ask _get_careful".
 _CAREFUL = object()
-_MAX_NAME = 200
 _HEAD_READ = 4096
-_PLAIN_NAME = re.compile(rb"[A-Za-z0-9_.~-]{0,199}").fullmatch
 
 
 class FileStore(RemoteStore):
@@ -212,16 +207,11 @@ class FileStore(RemoteStore):
         return self._path(key_bytes(key))
 
     def _path(self, kb: bytes) -> str:
-        if _PLAIN_NAME(kb) is not None:  # what quote_from_bytes leaves as it is
-            return self._prefix + "k" + kb.decode("ascii")
-        name = quote_from_bytes(kb, safe="")
-        if len(name) < _MAX_NAME:
-            return self._prefix + "k" + name
-        return self._prefix + "h" + hashlib.sha256(kb).hexdigest()
+        return self._prefix + entry_name(kb)
 
     def _bpath(self, kb: bytes) -> bytes:
         """``_path(kb)`` as bytes, for the C calls (no decode for a plain key)."""
-        if _PLAIN_NAME(kb) is not None:
+        if plain_name(kb):
             return self._bprefix + b"k" + kb
         return os.fsencode(self._path(kb))
 
@@ -635,6 +625,23 @@ class FileStore(RemoteStore):
         except OSError as exc:
             raise self._os_error(exc, "delete", kb) from exc
         return True
+
+    def delete_prefix(self, prefix: Key) -> int:
+        """Remove every entry whose key starts with ``prefix``; how many were removed.
+
+        As :meth:`RemoteStore.delete_prefix`: one pass over the directory's
+        names, unlinking the matching files (a reader that opened one still
+        reads it whole).  O(files in the directory), no timeout: local
+        I/O.  An entry stored under a digest name (a key over about 199
+        characters once percent-encoded) is not matched
+        (:mod:`kvpool.remote.file.names`).
+
+        Raises:
+            RemoteStoreError: the directory cannot be listed or a file unlinked.
+        """
+        pb = prefix_bytes(prefix)
+        self._check_open()
+        return remove_prefix(self.directory, pb)
 
     def head(self, key: Key) -> EntryInfo | None:
         """The stored header of ``key`` (see :meth:`RemoteStore.head`).

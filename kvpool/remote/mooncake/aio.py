@@ -321,6 +321,10 @@ class AsyncMooncakeStore(AsyncRemoteStore):
         """``delete`` of each key; how many existed."""
         return await self._run("batched_delete", self.store.batched_delete, keys)  # type: ignore[no-any-return]
 
+    async def delete_prefix(self, prefix: Key) -> int:
+        """Remove every entry under ``prefix`` (see :meth:`MooncakeStore.delete_prefix`)."""
+        return await self._run("delete_prefix", self.store.delete_prefix, prefix)  # type: ignore[no-any-return]
+
     async def head(self, key: Key) -> EntryInfo | None:
         """The stored header of ``key`` (see :meth:`MooncakeStore.head`)."""
         return await self._run("head", self.store.head, key)  # type: ignore[no-any-return]

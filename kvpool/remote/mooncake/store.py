@@ -98,6 +98,7 @@ from kvpool.remote.base import (
     get_request,
     key_bytes,
     key_list,
+    prefix_bytes,
 )
 from kvpool.remote.header import EntryInfo, Layout, layout_for
 from kvpool.remote.mooncake.client import connect, import_mooncake, parse_url, split_host_port
@@ -111,6 +112,7 @@ from kvpool.remote.mooncake.ops import (
     write_entries,
 )
 from kvpool.remote.mooncake.raw import raw_entry, raw_get
+from kvpool.remote.mooncake.removal import remove_keys, remove_prefix
 from kvpool.remote.mooncake.segments import MountedSegment, Segments
 from kvpool.remote.objects import allocator_for, destination, discard, encode_entry, hold, release
 
@@ -638,24 +640,22 @@ class MooncakeStore(RemoteStore):
         self._check_open()
         if not kbs:
             return 0
-        pending = list(range(len(kbs)))
-        removed = 0
-        backoff = codes.Backoff(self.timeout)
-        while True:
-            codes_now = self.client.batch_remove([self._mkey(kbs[i]) for i in pending])
-            leased = []
-            for i, rc in zip(pending, codes_now, strict=True):
-                if rc == 0:
-                    removed += 1
-                elif rc in codes.RETRYABLE:
-                    leased.append(i)
-                elif rc != codes.NOT_FOUND:
-                    raise codes.error_for(rc, self._where("delete", kbs[i]))
-            if not leased:
-                return removed
-            if not backoff.wait():
-                raise codes.error_for(codes.HAS_LEASE, self._where("delete", kbs[leased[0]]))
-            pending = leased
+        mkeys = [self._mkey(kb) for kb in kbs]
+        where = self._where
+        return remove_keys(self.client, mkeys, self.timeout, lambda i: where("delete", kbs[i]))
+
+    def delete_prefix(self, prefix: Key) -> int:
+        """Remove every entry whose key starts with ``prefix``; how many were removed.
+
+        As :meth:`RemoteStore.delete_prefix`: one ``remove_by_regex`` of
+        ``prefix`` under the store's ``prefix`` on the master (bounded by
+        Mooncake's RPC timeout).  Entries a reader holds a lease on - read
+        or checked within the master's lease, 10 s by default - stay
+        (:mod:`kvpool.remote.mooncake.removal`); call again after it.
+        """
+        pb = prefix_bytes(prefix)
+        self._check_open()
+        return remove_prefix(self.client, self._mkey(pb), self._where("delete_prefix", pb))
 
     def head(self, key: Key) -> EntryInfo | None:
         """The stored header of ``key`` (see :meth:`RemoteStore.head`).

@@ -36,15 +36,17 @@ from typing import Any
 
 import torch
 
+from kvpool.errors import StoreTimeoutError
 from kvpool.formats import MemoryFormat
 from kvpool.pool.interface import MemoryAllocatorInterface
 from kvpool.pool.objects import MemoryObj
 from kvpool.remote.aiobase import AsyncRemoteStore, offload
-from kvpool.remote.base import Key, check_pairs, get_request, key_bytes, key_list
+from kvpool.remote.base import Key, check_pairs, get_request, key_bytes, key_list, prefix_bytes
 from kvpool.remote.header import EntryInfo
 from kvpool.remote.objects import discard, hold, release
 from kvpool.remote.redis.common import DEFAULT_WINDOW, Plan, RedisCommon
 from kvpool.remote.redis.connection import RedisConnection
+from kvpool.remote.redis.prefix import delete_prefix_plan
 from kvpool.remote.redis.resp import DEFAULT_LIMITS, Limits, Send, ServerClosed, Steps
 
 __all__ = ["AsyncConnection", "AsyncNodePool", "AsyncRedisStore"]
@@ -517,6 +519,17 @@ class AsyncRedisStore(AsyncRemoteStore, RedisCommon):
         if not kbs:
             return 0
         return sum(await self._count("batched_delete", kbs, self._delete_commands(kbs), "DEL"))
+
+    async def delete_prefix(self, prefix: Key) -> int:
+        """Remove every entry under ``prefix``; how many (see :meth:`RedisStore.delete_prefix`)."""
+        pb = prefix_bytes(prefix)
+        self._check_open()
+        removed = [0]
+        plan = delete_prefix_plan(self._prefix + pb, self._where("delete_prefix", pb), removed)
+        try:
+            return await self._call("delete_prefix", pb, plan)  # type: ignore[no-any-return]
+        except StoreTimeoutError as exc:
+            raise self._cut_off(exc, removed[0]) from None
 
     async def head(self, key: Key) -> EntryInfo | None:
         """The stored header of ``key`` (see :meth:`RedisStore.head`)."""

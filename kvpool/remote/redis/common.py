@@ -201,6 +201,16 @@ class RedisCommon:
             return RemoteStoreError(f"{where}: {type(exc).__name__}: {text}")
         return exc
 
+    @staticmethod
+    def _cut_off(exc: BaseException, removed: int) -> BaseException:
+        """A ``delete_prefix`` error, saying how many entries it removed before its deadline."""
+        if isinstance(exc, StoreTimeoutError):
+            return StoreTimeoutError(
+                f"{exc}; {removed} entries were removed by then: call delete_prefix again to "
+                "remove the rest (or give the store a longer timeout)"
+            )
+        return exc
+
     def _refused(self, reply: ErrorReply, action: str, kb: bytes | None) -> RemoteStoreError:
         return wire.refusal(reply, self._where(action, kb))
 

@@ -48,10 +48,19 @@ from typing import Any, TypeVar
 import torch
 
 from kvpool.checks import check_bool
+from kvpool.errors import StoreTimeoutError
 from kvpool.formats import MemoryFormat
 from kvpool.pool.interface import MemoryAllocatorInterface
 from kvpool.pool.objects import MemoryObj
-from kvpool.remote.base import Key, RemoteStore, check_pairs, get_request, key_bytes, key_list
+from kvpool.remote.base import (
+    Key,
+    RemoteStore,
+    check_pairs,
+    get_request,
+    key_bytes,
+    key_list,
+    prefix_bytes,
+)
 from kvpool.remote.header import EntryInfo
 from kvpool.remote.objects import discard, hold, release
 from kvpool.remote.redis.common import (
@@ -66,6 +75,7 @@ from kvpool.remote.redis.common import (
     check_window,
 )
 from kvpool.remote.redis.connection import NodePool, now
+from kvpool.remote.redis.prefix import delete_prefix_plan
 from kvpool.remote.redis.resp import DEFAULT_LIMITS, Limits
 
 __all__ = [
@@ -335,6 +345,25 @@ class RedisStore(RemoteStore, RedisCommon):
         if not kbs:
             return 0
         return sum(self._count("batched_delete", kbs, self._delete_commands(kbs), "DEL"))
+
+    def delete_prefix(self, prefix: Key) -> int:
+        """Remove every entry whose key starts with ``prefix``; how many were removed.
+
+        As :meth:`RemoteStore.delete_prefix`: ``SCAN MATCH`` over the
+        server's keys under the store's ``prefix`` plus ``prefix``, each
+        step's keys removed with ``UNLINK`` (:mod:`kvpool.remote.redis.prefix`);
+        the whole walk is bounded by ``timeout``, past which it raises
+        ``StoreTimeoutError`` saying how many it removed (call again for the
+        rest).  O(keys on the server).
+        """
+        pb = prefix_bytes(prefix)
+        self._check_open()
+        removed = [0]
+        plan = delete_prefix_plan(self._prefix + pb, self._where("delete_prefix", pb), removed)
+        try:
+            return self._call("delete_prefix", pb, plan)  # type: ignore[no-any-return]
+        except StoreTimeoutError as exc:
+            raise self._cut_off(exc, removed[0]) from None
 
     def head(self, key: Key) -> EntryInfo | None:
         """The stored header of ``key`` (see :meth:`RemoteStore.head`).
