@@ -15,10 +15,11 @@ file never returns "try again"), so each call of the underlying
 A batch of at least :data:`SPLIT_MIN_BYTES` (a put, or a get whose layout
 is given) is split into ``batch_threads`` parts that run at once, each in
 a thread of its own (by default one per CPU this process may use, at most
-four).  A batch's files are independent, and on tmpfs every copy is CPU
-work in the kernel: one thread leaves the other CPUs idle on a quiet
-machine and gets one share of one CPU on a busy one, where LMCache's own
-file connector runs each file in a thread of its own.
+four; :mod:`kvpool.remote.file.parts`).  A batch's files are independent,
+and on tmpfs every copy is CPU work in the kernel: one thread leaves the
+other CPUs idle on a quiet machine and gets one share of one CPU on a busy
+one, where LMCache's own file connector runs each file in a thread of its
+own.
 
 Both keep the blocking store's zero-copy ``writev`` and one-copy
 ``preadv``.  The cost of the thread hop is measured by ``kvpool bench
@@ -52,6 +53,7 @@ from kvpool.pool.interface import MemoryAllocatorInterface
 from kvpool.pool.objects import MemoryObj
 from kvpool.remote.aiobase import AsyncRemoteStore, offload
 from kvpool.remote.base import Key, check_pairs, get_request, key_list
+from kvpool.remote.file.parts import SPLIT_MIN_BYTES, default_batch_threads, split_bounds
 from kvpool.remote.file.store import FileStore
 from kvpool.remote.header import EntryInfo
 from kvpool.remote.objects import discard
@@ -59,26 +61,6 @@ from kvpool.remote.objects import discard
 __all__ = ["SPLIT_MIN_BYTES", "AsyncFileStore", "default_batch_threads", "on_tmpfs"]
 
 _TMPFS_MAGIC = 0x01021994
-#: A batch smaller than this many bytes per part is not split (a part costs
-#: a thread hop, tens of microseconds; 256 KiB take about 100 on tmpfs).
-SPLIT_MIN_BYTES = 256 << 10
-#: Most parts a batch is split into by default.
-_MAX_DEFAULT_PARTS = 4
-
-
-def default_batch_threads() -> int:
-    """The CPUs this process may run on, at most four: the parts a batch is split into."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cpus = os.cpu_count() or 1
-    return max(1, min(cpus, _MAX_DEFAULT_PARTS))
-
-
-def _parts(count: int, nbytes: int, most: int) -> list[tuple[int, int]]:
-    """Bounds of the parts a batch of ``count`` entries and ``nbytes`` bytes is split into."""
-    n = min(most, count, max(1, nbytes // SPLIT_MIN_BYTES))
-    return [(i * count // n, (i + 1) * count // n) for i in range(n)]
 
 
 def on_tmpfs(path: str) -> bool:
@@ -239,7 +221,7 @@ class AsyncFileStore(AsyncRemoteStore):
             check_pairs(keys, memory_objs)  # before len(): keys may be anything
         if pool is not None and len(keys) > 1:
             nbytes = sum(_nbytes(obj) for obj in memory_objs)
-            bounds = _parts(len(keys), nbytes, self.batch_threads)
+            bounds = split_bounds(len(keys), nbytes, self.batch_threads)
         if pool is None or len(bounds) < 2:
             await self._run(self.store.batched_put, keys, memory_objs, borrows=True)
             return
@@ -276,7 +258,7 @@ class AsyncFileStore(AsyncRemoteStore):
             count = len(keys)
             layout, _ = get_request(allocator, shapes, dtypes, fmt)
             if layout is not None:
-                bounds = _parts(count, count * layout.nbytes, self.batch_threads)
+                bounds = split_bounds(count, count * layout.nbytes, self.batch_threads)
         if pool is not None and len(bounds) >= 2:
             keys = list(keys)
             outcomes = await self._split(

@@ -61,9 +61,9 @@ from __future__ import annotations
 
 import itertools
 import os
-import zlib
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import torch
 
@@ -82,23 +82,21 @@ from kvpool.remote.base import (
     Key,
     RemoteStore,
     check_pairs,
-    check_stored,
     get_request,
     key_bytes,
     key_list,
     prefix_bytes,
     raise_first,
 )
+from kvpool.remote.file.careful import read_entry, read_header
 from kvpool.remote.file.io import CLOEXEC, open_entry
 from kvpool.remote.file.names import entry_name, plain_name, remove_prefix
+from kvpool.remote.file.parts import run_parts, split_bounds
 from kvpool.remote.file.spares import Spares, remove_dead_temp, temp_name
 from kvpool.remote.header import (
     EntryInfo,
     Layout,
-    decode_header,
     is_full_entry,
-    layout_for,
-    peek_header_size,
 )
 from kvpool.remote.objects import (
     allocator_for,
@@ -113,7 +111,15 @@ __all__ = ["FileStore"]
 
 # _get_direct's answer for "ask _get_careful".
 _CAREFUL = object()
-_HEAD_READ = 4096
+_R = TypeVar("_R")
+
+
+def _nbytes(obj: Any) -> int:
+    """An object's size for splitting a batch (0 when it cannot say: the put reports it)."""
+    try:
+        return int(obj.get_size())
+    except Exception:
+        return 0
 
 
 class FileStore(RemoteStore):
@@ -251,14 +257,17 @@ class FileStore(RemoteStore):
     def batched_put(self, keys: Sequence[Key], memory_objs: Sequence[MemoryObj]) -> None:
         """``put`` of each pair (see :meth:`RemoteStore.batched_put`).
 
-        With one I/O thread, every pair is prepared first - the object
-        held, its layout described, its header encoded - and then the
-        entries are written back to back, one C call each, in order (a key
-        named twice ends with its last object): the Python work is not
-        interleaved with the copies, which evict it from the CPU caches.
-        A pair that cannot be prepared (a freed object, a device object)
-        is skipped; the others are still written, then the first error in
-        the batch's order is raised.
+        Every pair is prepared first - the object held, its layout
+        described, its header encoded - and then the entries are written
+        back to back, one C call each, in order (a key named twice ends
+        with its last object): the Python work is not interleaved with the
+        copies, which evict it from the CPU caches.  With ``io_threads`` > 1
+        a large batch of distinct keys is split into parts written at once,
+        the first in the caller's thread (:mod:`kvpool.remote.file.parts`);
+        the call returns once every part has ended.  A pair that cannot be
+        prepared (a freed object, a device object) is skipped; the others
+        are still written, then the first error in the batch's order is
+        raised.
 
         Raises:
             InvalidArgumentError: the lists differ in length (nothing is
@@ -267,14 +276,36 @@ class FileStore(RemoteStore):
         It raises any error of :meth:`put`.
         """
         check_pairs(keys, memory_objs)
-        if self._io_threads > 1 or len(memory_objs) < 2:
+        if len(memory_objs) < 2:
             return super().batched_put(keys, memory_objs)
         self._check_open()
+        keys, objs = list(keys), list(memory_objs)
+        bounds = self._bounds(keys, sum(_nbytes(o) for o in objs))
+        if len(bounds) < 2:
+            raise_first(self._write_batch(keys, objs))
+            return None
+        parts = [(keys[a:b], objs[a:b]) for a, b in bounds]
+        outcomes = run_parts(self._get_executor(), self._nested(self._write_batch), parts)
+        raise_first([r for part in outcomes for r in (part if isinstance(part, list) else [part])])
+        return None
+
+    def _bounds(self, keys: Sequence[Key], nbytes: int) -> list[tuple[int, int]]:
+        """The parts a batch is split into: one without I/O threads or with a repeated key."""
+        if self._io_threads < 2 or len(set(keys)) != len(keys):
+            return [(0, len(keys))]
+        return split_bounds(len(keys), nbytes, self._io_threads)
+
+    def _nested(self, fn: Callable[..., _R]) -> Callable[..., _R]:
+        """``fn`` for a part in another thread: its calls count as the batch's (not again)."""
+        return lambda *args: self.counters.run_nested(lambda a: fn(*a), args)
+
+    def _write_batch(self, keys: Sequence[Key], objs: Sequence[MemoryObj]) -> list[Any]:
+        """Prepare every pair, then write them back to back; each pair's error or None."""
         held: list[MemoryObj] = []
-        results: list[Exception | None] = [None] * len(memory_objs)
+        results: list[Exception | None] = [None] * len(objs)
         ready: list[tuple[int, bytes, bytes, bytes, memoryview]] = []
         try:
-            for i, (key, obj) in enumerate(zip(keys, memory_objs, strict=True)):
+            for i, (key, obj) in enumerate(zip(keys, objs, strict=True)):
                 try:
                     kb = key_bytes(key)
                     hold(obj, "batched_put")
@@ -296,8 +327,7 @@ class FileStore(RemoteStore):
         finally:
             for obj in held:
                 release(obj)
-        raise_first(results)
-        return None
+        return results
 
     def _write(self, path: bytes, header: bytes, view: memoryview, kb: bytes) -> None:
         """Write the entry (one C call: ``pinmem_entry_write``) into a spare or a new file."""
@@ -432,20 +462,46 @@ class FileStore(RemoteStore):
     ) -> list[MemoryObj | None]:
         """``get`` of each key (see :meth:`RemoteStore.batched_get`).
 
-        With the layout given and one I/O thread, every destination is
-        allocated first, then the entries are read one after the other,
-        one C call each: the pool's Python work is not interleaved with
-        the copies, which evict it from the CPU caches.  A pool that
-        fills up part way leaves the rest to single gets, so a batch
-        needs no more room than its entries.
+        With the layout given, every destination is allocated first, then
+        the entries are read one after the other, one C call each: the
+        pool's Python work is not interleaved with the copies, which evict
+        it from the CPU caches.  A pool that fills up part way leaves the
+        rest to single gets, so a batch needs no more room than its
+        entries.  With ``io_threads`` > 1 a large batch is split into
+        parts read at once, as :meth:`batched_put` splits.
 
         It raises what :meth:`get` raises; every object this call allocated is freed first.
         """
         kbs = key_list(keys)
         self._check_open()
         layout, req_fmt = get_request(allocator, shapes, dtypes, fmt)
-        if layout is None or req_fmt is None or self._io_threads > 1 or len(kbs) < 2:
+        if layout is None or req_fmt is None or len(kbs) < 2:
             return super().batched_get(keys, allocator, shapes, dtypes, fmt)
+        request = (allocator, layout, req_fmt, shapes, dtypes, fmt)
+        bounds = self._bounds(kbs, len(kbs) * layout.nbytes)
+        if len(bounds) < 2:
+            return self._read_batch(kbs, *request)
+        parts = [(kbs[a:b], *request) for a, b in bounds]
+        outcomes = run_parts(self._get_executor(), self._nested(self._read_batch), parts)
+        failed = [o for o in outcomes if isinstance(o, BaseException)]
+        if failed:
+            for part in outcomes:
+                for obj in part if isinstance(part, list) else ():
+                    discard(obj)
+            raise failed[0]
+        return [obj for part in outcomes for obj in part]
+
+    def _read_batch(
+        self,
+        kbs: list[bytes],
+        allocator: MemoryAllocatorInterface,
+        layout: Layout,
+        req_fmt: MemoryFormat,
+        shapes: torch.Size | Sequence[torch.Size] | None,
+        dtypes: torch.dtype | Sequence[torch.dtype] | None,
+        fmt: MemoryFormat | None,
+    ) -> list[MemoryObj | None]:
+        """Allocate every destination, then read the entries back to back (see batched_get)."""
         # Destinations waiting for their read.  Each leaves the deque when it
         # goes to _read_direct (which frees it unless it returns it), and no
         # local keeps its view: a freed destination's bytes are reusable at
@@ -488,50 +544,17 @@ class FileStore(RemoteStore):
         layout: Layout | None,
         fmt: MemoryFormat | None,
     ) -> MemoryObj | None:
-        """A get step by step in Python: open, check, then allocate and read; every error named."""
+        """A get step by step in Python (:mod:`kvpool.remote.file.careful`): every error named."""
         fd = self._open_entry(kb, "get")
         if fd is None:
             return None
-        obj = view = None
         try:
-            if layout is not None and fmt is not None:
-                obj, view = destination(
-                    allocator_for(allocator, kb), layout, fmt, lambda: self._where("get", kb)
-                )
-                header = bytearray(layout.header_size)
-                n = os.preadv(fd, (header, view, bytearray(1)), 0)
-                if n == layout.header_size + layout.nbytes and is_full_entry(
-                    header, layout, fmt, view
-                ):
-                    return obj
-                # Something differs: find out what (or accept a narrowed entry).
-                info = self._diagnose(fd, n, layout, fmt, kb)
-                self._finish(obj, view, info, kb)
-                return obj
-            info = self._read_header(fd, kb)
-            check_stored(info, layout, fmt, self._where("get", kb))
-            if layout is None:
-                layout = layout_for(info.shapes, info.dtypes)
-            obj, view = destination(
-                allocator_for(allocator, kb), layout, fmt or info.fmt, self._where("get", kb)
-            )
-            n = os.preadv(fd, (view[: info.size], bytearray(1)), info.header_size)
-            if n != info.size:
-                raise CorruptEntryError(
-                    f"{self._where('get', kb)}: "
-                    + (
-                        f"truncated: {n} of {info.size} payload bytes"
-                        if n < info.size
-                        else "trailing bytes after the payload"
-                    )
-                )
-            self._finish(obj, view, info, kb)
-            return obj
-        except BaseException as exc:
-            discard(obj, view)
-            if isinstance(exc, OSError) and not isinstance(exc, KVPoolError):
-                raise self._os_error(exc, "get", kb) from exc
-            raise
+            keyed = allocator_for(allocator, kb)
+            return read_entry(fd, keyed, layout, fmt, lambda: self._where("get", kb))
+        except OSError as exc:
+            if isinstance(exc, KVPoolError):
+                raise
+            raise self._os_error(exc, "get", kb) from exc
         finally:
             os.close(fd)
 
@@ -553,49 +576,6 @@ class FileStore(RemoteStore):
             if isinstance(exc, KVPoolError):
                 raise
             raise self._os_error(exc, action, kb) from exc
-
-    def _finish(self, obj: MemoryObj, view: memoryview, info: EntryInfo, kb: bytes) -> None:
-        """Check the payload CRC and narrow a partial entry; raise on a mismatch."""
-        if info.payload_crc is not None and zlib.crc32(view[: info.size]) != info.payload_crc:
-            raise CorruptEntryError(f"{self._where('get', kb)}: payload CRC mismatch")
-        if info.size != info.layout_size:
-            obj.set_used_size(info.size)
-
-    def _read_header(self, fd: int, kb: bytes) -> EntryInfo:
-        head = os.pread(fd, _HEAD_READ, 0)
-        where = self._where("get", kb)
-        header_size = peek_header_size(head, where)
-        if header_size > len(head) and len(head) == _HEAD_READ:
-            head += os.pread(fd, header_size - len(head), len(head))
-        return decode_header(head, where)
-
-    def _diagnose(self, fd: int, n: int, layout: Layout, fmt: MemoryFormat, kb: bytes) -> EntryInfo:
-        """Explain why the fast read did not match, or accept a narrowed entry.
-
-        Returns:
-            The header of a valid entry whose payload is shorter than its
-            layout (``set_used_size``), fully read by the fast ``preadv``.
-
-        Raises:
-            CorruptEntryError / InvalidArgumentError: what is wrong.
-        """
-        where = self._where("get", kb)
-        file_size = os.fstat(fd).st_size
-        info = self._read_header(fd, kb)
-        check_stored(info, layout, fmt, where)
-        expected = info.header_size + info.size
-        if file_size < expected:
-            raise CorruptEntryError(
-                f"{where}: truncated: the file has {file_size} bytes, its header "
-                f"announces {expected}"
-            )
-        if file_size > expected:
-            raise CorruptEntryError(
-                f"{where}: {file_size - expected} trailing bytes after the payload"
-            )
-        if n != expected:
-            raise CorruptEntryError(f"{where}: read {n} of {expected} bytes")
-        return info
 
     # -- the rest ----------------------------------------------------
 
@@ -657,7 +637,7 @@ class FileStore(RemoteStore):
         if fd is None:
             return None
         try:
-            info = self._read_header(fd, kb)
+            info = read_header(fd, self._where("head", kb))
             file_size = os.fstat(fd).st_size
         except OSError as exc:
             if isinstance(exc, KVPoolError):
