@@ -93,6 +93,7 @@ __all__ = [
     "ProtocolError",
     "open_async_store",
     "open_store",
+    "store_kind",
     "store_options",
 ]
 
@@ -235,6 +236,18 @@ def open_async_store(spec: str | os.PathLike[str], **options: Any) -> AsyncRemot
     if kind == "mooncake":
         return _open(AsyncMooncakeStore.from_url, "AsyncMooncakeStore", where, options, by)  # type: ignore[no-any-return]
     return _open(AsyncRedisStore, "AsyncRedisStore", where, options, by)  # type: ignore[no-any-return]
+
+
+def store_kind(spec: str | os.PathLike[str]) -> str:
+    """Which store :func:`open_store` opens for ``spec``.
+
+    Returns:
+        ``"file"``, ``"redis"``, ``"redis-cluster"`` or ``"mooncake"``.
+
+    Raises:
+        InvalidArgumentError: as :func:`open_store` for a bad spec.
+    """
+    return _parse(spec)[0]
 
 
 def store_options(spec: str | os.PathLike[str], asyncio: bool = True) -> frozenset[str]:

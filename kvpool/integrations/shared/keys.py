@@ -8,20 +8,25 @@ entries (SGLang's own backends leave the dtype out: sglang #33268).
 tag that every key of the configuration carries::
 
     space = KeySpace("sglang", model="Qwen/Qwen3-8B", tp="0/2", dtype="bfloat16")
-    space.key("a3f9...", 0)      # 'a3f9....k5c1d0e9b2a7f4361.0'
+    space.key("a3f9...", 0)      # '5c1d0e9b2a7f4361.a3f9....0'
+    space.prefix                 # '5c1d0e9b2a7f4361.': every key of the configuration
     space.text                   # 'sglang;model=Qwen/Qwen3-8B;tp=0/2;dtype=bfloat16'
 
 The tag is the first 16 hex digits of the SHA-256 of :attr:`KeySpace.text`
-(64 bits: two configurations collide with odds of 1 in 2^64).  Keys are
-made of ``[0-9A-Za-z._-]`` only, so every store takes them as they are: a
-file name without escaping, no Redis Cluster hash tag (``{...}``) that
-would pin them to one slot.
+(64 bits: two configurations collide with odds of 1 in 2^64).  It comes
+first, so a configuration's entries are exactly those under
+:attr:`KeySpace.prefix`: a store's ``delete_prefix`` removes them and no
+other configuration's.  Keys are made of ``[0-9A-Za-z._-]`` only, so every
+store takes them as they are: a file name without escaping, no Redis
+Cluster hash tag (``{...}``) that would pin them to one slot (a common
+prefix does not: a key's slot is the hash of all of it).
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Sequence
 
 from kvpool.errors import InvalidArgumentError
 
@@ -41,14 +46,16 @@ class KeySpace:
     Attributes:
         text: the readable description (for logs).
         tag: its 16-hex-digit digest, carried by every key.
+        prefix: ``tag + "."``, what every key of the configuration starts with.
     """
 
-    __slots__ = ("tag", "text")
+    __slots__ = ("prefix", "tag", "text")
 
     def __init__(self, engine: str, **parts: object) -> None:
         fields = [engine] + [f"{name}={_escape(str(value))}" for name, value in parts.items()]
         self.text = ";".join(fields)
         self.tag = hashlib.sha256(self.text.encode("utf-8")).hexdigest()[:16]
+        self.prefix = self.tag + "."
 
     def key(self, name: str, part: int | None = None) -> str:
         """The store key of the engine's ``name`` (and of its ``part``, e.g. a page's K or V).
@@ -62,8 +69,23 @@ class KeySpace:
                 f"engine key {name!r:.80} has characters outside [0-9A-Za-z._-]; pass the "
                 "engine's hash as it is"
             )
-        base = f"{name}.k{self.tag}"
+        base = self.prefix + name
         return base if part is None else f"{base}.{part}"
+
+    def keys(self, names: Sequence[str], parts: int) -> list[str]:
+        """The keys of parts ``0 .. parts-1`` of every name, name by name (each name checked once).
+
+        Raises:
+            InvalidArgumentError: as :meth:`key`.
+        """
+        out: list[str] = []
+        prefix = self.prefix
+        for name in names:
+            if not _SAFE(name):
+                self.key(name)  # raises, naming the key
+            base = prefix + name + "."
+            out.extend([base + str(part) for part in range(parts)])
+        return out
 
     def __repr__(self) -> str:
         return f"<KeySpace {self.text} ({self.tag})>"

@@ -19,7 +19,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvpool.errors import ArgumentTypeError, KVPoolError, RemoteStoreError
-from kvpool.remote import AsyncRemoteStore, open_async_store, store_options
+from kvpool.remote import (
+    AsyncRemoteStore,
+    RemoteStore,
+    open_async_store,
+    open_store,
+    store_options,
+)
 from kvpool.remote.redis.config import redact_url, scrub, url_secrets
 
 __all__ = ["StoreSettings", "open_settings_store", "read_store_settings", "refusal"]
@@ -80,6 +86,7 @@ def read_store_settings(
     engine_keys: Collection[str],
     error: type[Exception],
     example: str = "redis://127.0.0.1:6379/0",
+    asyncio: bool = True,
 ) -> StoreSettings:
     """The ``url`` and store options among ``values``, the engine's own keys left out.
 
@@ -90,6 +97,8 @@ def read_store_settings(
         engine_keys: keys the engine (or the integration) reads itself.
         error: the exception class to raise (the integration's config error).
         example: a URL for the message when ``url`` is missing.
+        asyncio: the options of the asyncio store of the URL (True) or of
+            the blocking one (False), as :func:`open_settings_store` opens it.
 
     Returns:
         The settings; the options are exactly the keys the URL's store takes.
@@ -114,7 +123,7 @@ def read_store_settings(
         )
     url = url.strip()
     try:
-        accepted = store_options(url)
+        accepted = store_options(url, asyncio=asyncio)
     except KVPoolError as exc:
         raise error(f"{instance}: {prefix}url is refused: {exc}") from None
     known = set(engine_keys)
@@ -152,17 +161,22 @@ def refusal(
 
 
 def open_settings_store(
-    settings: StoreSettings, label: str, error: type[Exception]
-) -> AsyncRemoteStore:
-    """The asyncio store of ``settings``.
+    settings: StoreSettings, label: str, error: type[Exception], asyncio: bool = True
+) -> Any:
+    """The asyncio store of ``settings``, or the blocking one with ``asyncio=False``.
+
+    An :class:`AsyncRemoteStore` for an engine with an event loop; a
+    :class:`RemoteStore` for one that calls from its own threads.
 
     Raises:
         RemoteStoreError: the server does not answer (``mooncake://`` connects here).
         error: the store refused its settings (see :func:`refusal`).
     """
+    opener = open_async_store if asyncio else open_store
     try:
-        return open_async_store(settings.url, **settings.options)
+        store: AsyncRemoteStore | RemoteStore = opener(settings.url, **settings.options)
     except RemoteStoreError:
         raise
     except (KVPoolError, TypeError, ValueError) as exc:
         raise refusal(settings, exc, label, error) from None
+    return store
