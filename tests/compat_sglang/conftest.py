@@ -95,7 +95,8 @@ def mla_pool(layout: str, layers: int = 3, rank: int = 32, rope: int = 8, page: 
 
 
 def storage_config(url: str, *, mla: bool = False, tp: tuple[int, int] = (0, 1),
-                   model: str = "kvpool/compat", **extra: Any) -> Any:  # fmt: skip
+                   model: str = "kvpool/compat", metrics: bool = False,
+                   **extra: Any) -> Any:  # fmt: skip
     """SGLang's ``HiCacheStorageConfig`` with the kvpool backend's extra config."""
     from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
 
@@ -109,7 +110,7 @@ def storage_config(url: str, *, mla: bool = False, tp: tuple[int, int] = (0, 1),
     }
     return HiCacheStorageConfig(
         tp_rank=tp[0], tp_size=tp[1], pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
-        is_mla_model=mla, enable_storage_metrics=False, is_page_first_layout=False,
+        is_mla_model=mla, enable_storage_metrics=metrics, is_page_first_layout=False,
         model_name=model, extra_config=config,
     )  # fmt: skip
 

@@ -141,9 +141,10 @@ def test_mla_pages_are_written_by_one_rank_and_shared(redis_server, backends) ->
         ({"chekcsum": True}, "did you mean checksum"),
         ({"url": "ftp://h/x"}, "url is refused"),
         ({"url": "redis://u:hunter2@127.0.0.1:1/0", "ttl": "soon"}, "refused its settings"),
-        ({"call_timeout": -1}, "call_timeout must be"),
+        ({"url": "redis://127.0.0.1:1/0", "timeout": -1}, "refused its settings: timeout"),
+        ({"threads": 2}, "unknown option threads"),  # an asyncio store's option
     ],
-    ids=["no-url", "no-v1", "misspelt", "bad-url", "bad-value", "bad-timeout"],
+    ids=["no-url", "no-v1", "misspelt", "bad-url", "bad-value", "bad-timeout", "async-option"],
 )
 def test_config_errors_stop_the_attach_with_the_fix(tmp_path, extra, match) -> None:
     from kvpool.integrations.sglang import HiCacheConfigError
@@ -172,13 +173,13 @@ def test_mooncake_pages_are_stored_headerless_unless_told_and_the_kinds_never_me
     pool = mha_pool("page_first")
     raw = backends(storage_config(mooncake.url, model=model), pool)
     assert raw.store.headerless  # as SGLang's own Mooncake backend: the bytes alone
-    assert raw.store.store.replace is False  # a page's key names its content
+    assert raw.store.replace is False  # a page's key names its content
     src, wrote = _fill(pool, 2, seed=8)
     keys = _keys(2)
     assert raw.batch_set_v1(keys, src) == [True, True]
     _, sizes = pool.get_page_buffer_meta(src[:PAGE])
-    client = raw.store.store.client
-    name = raw.store.store.object_key(raw.pages.names(keys[:1])[0])
+    client = raw.store.client
+    name = raw.store.object_key(raw.pages.names(keys[:1])[0])
     assert client.get_size(name) == sizes[0]  # no header in front of the range
     headed = [  # told in the URL's query, told in the extra config
         backends(

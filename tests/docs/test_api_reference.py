@@ -29,6 +29,7 @@ STATIC = [
     "kvpool.integrations.lmcache.remote",
     "kvpool.integrations.sglang.storage",
     "kvpool.integrations.sglang.config",
+    "kvpool.integrations.sglang.metrics",
 ]
 
 

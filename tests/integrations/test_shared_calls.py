@@ -1,65 +1,90 @@
-"""LoopThread.run for an engine's threads: a put past its timeout hands the memory back last.
+"""BlockingCalls: an engine's threads call a blocking store; close() returns within a bound.
 
-SGLang's threads call the backend synchronously; each call runs on the
-backend's loop (:class:`~kvpool.integrations.shared.calls.LoopThread`) and
-is waited for at most ``call_timeout``.  A put reads the engine's pages,
-which the engine reuses as soon as the call returns: with ``borrows=True``
-a call past its timeout is cancelled and returns only once the cancelled
-coroutine ended - here a real ``offload(..., borrows=True)`` whose job is
-held in a thread - or once the loop is stopped.
+SGLang's threads call the backend synchronously and the backend calls the
+blocking store in them.  A blocking call cannot be cancelled, so a close
+refuses new calls, gives those in flight ``CLOSE_GRACE`` seconds, and
+closes the store - itself when they ended, else through the last of them
+to end: a store is never closed under a running call, and the close
+returns within ``CLOSE_GRACE + CLOSE_STORE_WAIT`` whatever they or the
+store do.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
-import pytest
-
-from kvpool.errors import StoreTimeoutError
-from kvpool.integrations.shared.calls import LoopThread
-from kvpool.remote.aiobase import offload
+from kvpool.integrations.shared.calls import CLOSE_GRACE, CLOSE_STORE_WAIT, BlockingCalls
 
 
-def _held(gate: threading.Event, left: threading.Event) -> str:
-    gate.wait(10)
-    left.set()
-    return "written"
+class Store:
+    """A store whose close is recorded (and can be held)."""
+
+    def __init__(self, hold: threading.Event | None = None) -> None:
+        self.closed = threading.Event()
+        self.hold = hold
+        self.closed_while_running: list[int] = []
+
+    def close(self, calls: BlockingCalls) -> None:
+        if self.hold is not None:
+            self.hold.wait(10)
+        self.closed_while_running.append(calls.running)
+        self.closed.set()
 
 
-@pytest.mark.parametrize("borrows", [False, True])
-def test_a_lending_call_past_its_timeout_returns_once_its_job_ended(borrows: bool) -> None:
-    loop = LoopThread("kvpool-test-loop")
-    gate, left = threading.Event(), threading.Event()
+def _call(calls: BlockingCalls, gate: threading.Event, results: list[bool]) -> None:
+    if not calls.enter():
+        results.append(False)
+        return
     try:
-        with ThreadPoolExecutor(1) as threads:
-            opener = threading.Timer(0.5, gate.set)
-            opener.start()
-            started = time.monotonic()
-            with pytest.raises(StoreTimeoutError, match=r"0\.2 s"):
-                loop.run(offload(threads, _held, gate, left, borrows=borrows), 0.2, borrows=borrows)
-            took = time.monotonic() - started
-            assert left.is_set() is borrows  # without borrows it returned at the timeout
-            assert (0.45 < took < 5) if borrows else took < 0.45
-            opener.join()
+        gate.wait(10)  # the store call
+        results.append(True)
     finally:
-        loop.stop()
+        calls.leave()
 
 
-def test_a_lending_call_stops_waiting_when_the_loop_stops() -> None:
-    loop = LoopThread("kvpool-test-loop")
-    gate, left = threading.Event(), threading.Event()
-    threads = ThreadPoolExecutor(1)
-    stopper = threading.Timer(0.5, loop.stop)
-    stopper.start()
+def test_a_close_waits_for_calls_that_end_within_the_grace() -> None:
+    calls, store = BlockingCalls(), Store()
+    gate, results = threading.Event(), []
+    caller = threading.Thread(target=_call, args=(calls, gate, results))
+    caller.start()
+    while calls.running < 1:
+        time.sleep(0.001)
+    threading.Timer(0.2, gate.set).start()
     started = time.monotonic()
-    try:
-        with pytest.raises(StoreTimeoutError):
-            loop.run(offload(threads, _held, gate, left, borrows=True), 0.1, borrows=True)
-        assert 0.45 < time.monotonic() - started < 5  # released by stop(), not by the job
-        assert not left.is_set()
-    finally:
-        gate.set()
-        stopper.join()
-        threads.shutdown(wait=True)
+    assert calls.close(lambda: store.close(calls)) == 0
+    assert 0.15 < time.monotonic() - started < CLOSE_GRACE
+    assert store.closed.is_set() and store.closed_while_running == [0]
+    caller.join(5)
+    assert results == [True]
+    assert not calls.enter()  # closed: a new call must not start
+    assert calls.close(lambda: store.close(calls)) == 0  # idempotent
+    assert store.closed_while_running == [0]
+
+
+def test_a_late_call_closes_the_store_when_it_ends_and_close_does_not_wait() -> None:
+    calls, store = BlockingCalls(), Store()
+    gate, results = threading.Event(), []
+    caller = threading.Thread(target=_call, args=(calls, gate, results))
+    caller.start()
+    while calls.running < 1:
+        time.sleep(0.001)
+    started = time.monotonic()
+    assert calls.close(lambda: store.close(calls)) == 1
+    assert time.monotonic() - started < CLOSE_GRACE + 0.5
+    assert not store.closed.is_set()  # never under a running call
+    gate.set()
+    caller.join(5)
+    assert store.closed.wait(5) and store.closed_while_running == [0]
+    assert results == [True]
+
+
+def test_a_store_slow_to_close_does_not_hold_the_close() -> None:
+    hold = threading.Event()
+    calls, store = BlockingCalls(), Store(hold)
+    started = time.monotonic()
+    assert calls.close(lambda: store.close(calls)) == 0
+    assert time.monotonic() - started < CLOSE_STORE_WAIT + 0.5
+    assert not store.closed.is_set()  # goes on in its thread
+    hold.set()
+    assert store.closed.wait(5)

@@ -13,10 +13,11 @@
 SGLang (0.5.23) imports :class:`KVPoolHiCacheStorage`, checks it is a
 ``HiCacheStorage``, makes it with its ``HiCacheStorageConfig`` and then
 registers its host pool.  ``url`` is any store
-:func:`kvpool.remote.open_async_store` takes (a directory, ``file:///``,
+:func:`kvpool.remote.open_store` takes (a directory, ``file:///``,
 ``redis://``, ``rediss://``, ``redis-cluster://``, ``mooncake://``);
-other keys are options of that store, plus ``call_timeout``
-(:mod:`~kvpool.integrations.sglang.config`).  Pages move between SGLang's
+other keys are options of that store
+(:mod:`~kvpool.integrations.sglang.config`).  SGLang's threads call the
+blocking store themselves (:mod:`~kvpool.integrations.sglang.storage`).  Pages move between SGLang's
 host pool and the store with no staging copy
 (:mod:`~kvpool.integrations.sglang.pages`); every layout of the MHA and MLA
 host pools that SGLang can address works.

@@ -4,25 +4,29 @@ SGLang hands every key of the extra config to the backend
 (``HiCacheStorageConfig.extra_config``), its own keys included.  The
 backend reads:
 
-* ``url`` (required): the store, any spec
-  :func:`kvpool.remote.open_async_store` takes;
+* ``url`` (required): the store, any spec :func:`kvpool.remote.open_store`
+  takes (the backend calls the blocking store from SGLang's own threads);
 * ``interface_v1``: must be ``1`` - SGLang then hands the backend its host
   pages to read and write in place; without it SGLang copies every page
   through a staging tensor, which this backend refuses to do;
-* ``call_timeout`` (seconds, default 10): the longest one SGLang call
-  waits for the store (an outage costs at most this, then misses);
 * every other key that the URL's store takes as an option (``timeout``,
-  ``ttl``, ``prefix``, ``threads``...).
+  which bounds each call; ``ttl``, ``prefix``, ``io_threads``...).
 
-Defaults the backend sets for a store that takes them (Mooncake), unless
-the configuration (or the URL's query) does (:data:`PAGE_DEFAULTS`):
+Defaults the backend sets for a store that takes them, unless the
+configuration (or the URL's query) does (:data:`PAGE_DEFAULTS`):
 
-* ``headerless``: each range is stored as its bytes alone, one Mooncake
+* ``io_threads`` (a directory): one per CPU, at most four
+  (:func:`~kvpool.remote.file.parts.default_batch_threads`): a batch of
+  pages is written and read in that many parts at once, the first in
+  SGLang's thread (:mod:`kvpool.remote.file.parts`);
+* ``ping`` off (Redis, a cluster): nothing is sent at start-up, so a server
+  that is down then costs misses until it answers, not SGLang's start;
+* ``headerless`` (Mooncake): each range is stored as its bytes alone, one Mooncake
   buffer instead of two, as SGLang's own Mooncake backend stores pages.
   What the header would check - layout, dtype, format - is in the key's
   tag already (:mod:`kvpool.integrations.sglang.pages`); the size is still
   checked.  ``"headerless": false`` keeps kvpool's header.
-* ``replace`` off: a page's key names its content (SGLang's page hash and
+* ``replace`` off (Mooncake): a page's key names its content (SGLang's page hash and
   the configuration's tag), so a page stored already is left as it is and
   a set makes no existence check - one Mooncake call instead of two (SGLang's
   own backend checks, then skips the pages it finds).
@@ -36,17 +40,16 @@ and the fix; passwords are shown as ``***``.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from kvpool.errors import InvalidArgumentError
 from kvpool.integrations.shared.settings import StoreSettings, read_store_settings
-from kvpool.remote import store_options
+from kvpool.remote import store_kind, store_options
+from kvpool.remote.file.parts import default_batch_threads
 
 __all__ = [
-    "DEFAULT_CALL_TIMEOUT",
     "PAGE_DEFAULTS",
     "SGLANG_KEYS",
     "HiCacheConfigError",
@@ -68,13 +71,14 @@ SGLANG_KEYS = frozenset(
     }
 )
 
-#: Seconds one SGLang call waits for the store unless ``call_timeout`` says otherwise.
-DEFAULT_CALL_TIMEOUT = 10.0
-
-_OWN_KEYS = frozenset({"call_timeout"})
-
-#: Store options the backend sets unless the configuration (or the URL's query) does.
-PAGE_DEFAULTS: Mapping[str, Any] = {"headerless": True, "replace": False}
+#: Store options the backend sets, per kind of store, unless the configuration
+#: (or the URL's query) does; ``None`` stands for :func:`default_batch_threads`.
+PAGE_DEFAULTS: Mapping[str, Mapping[str, Any]] = {
+    "file": {"io_threads": None},
+    "redis": {"ping": False},
+    "redis-cluster": {"ping": False},
+    "mooncake": {"headerless": True, "replace": False},
+}
 
 
 class HiCacheConfigError(InvalidArgumentError):
@@ -86,14 +90,14 @@ class HiCacheConfigError(InvalidArgumentError):
     """
 
 
-def read_config(extra: Mapping[str, Any] | None) -> tuple[StoreSettings, float]:
-    """The store settings and the call timeout from SGLang's extra config.
+def read_config(extra: Mapping[str, Any] | None) -> StoreSettings:
+    """The store settings in SGLang's extra config.
 
     Args:
         extra: ``HiCacheStorageConfig.extra_config``.
 
     Returns:
-        ``(settings, call_timeout)``.
+        The settings of the blocking store to open.
 
     Raises:
         HiCacheConfigError: see the module docstring.
@@ -108,34 +112,25 @@ def read_config(extra: Mapping[str, Any] | None) -> tuple[StoreSettings, float]:
             "hands the backend its host pages to move in place (without it SGLang copies every "
             "page through a staging tensor)"
         )
-    timeout = values.get("call_timeout", DEFAULT_CALL_TIMEOUT)
-    if (
-        isinstance(timeout, bool)
-        or not isinstance(timeout, (int, float))
-        or not math.isfinite(timeout)
-        or timeout <= 0
-    ):
-        raise HiCacheConfigError(
-            f"{label}: call_timeout must be a number of seconds > 0, got {timeout!r}; e.g. "
-            '"call_timeout": 10'
-        )
     settings = read_store_settings(
         values,
         instance=label,
         prefix="",
-        engine_keys=SGLANG_KEYS | _OWN_KEYS,
+        engine_keys=SGLANG_KEYS,
         error=HiCacheConfigError,
+        asyncio=False,
     )
-    return _with_defaults(settings), float(timeout)
+    return _with_defaults(settings)
 
 
 def _with_defaults(settings: StoreSettings) -> StoreSettings:
     """``settings`` plus the :data:`PAGE_DEFAULTS` its store takes and nobody set."""
-    accepted = store_options(settings.url)
+    accepted = store_options(settings.url, asyncio=False)
     in_query = set(parse_qs(urlsplit(settings.url).query))
+    defaults = PAGE_DEFAULTS.get(store_kind(settings.url), {})
     added = {
-        name: value
-        for name, value in PAGE_DEFAULTS.items()
+        name: default_batch_threads() if value is None else value
+        for name, value in defaults.items()
         if name in accepted and name not in settings.options and name not in in_query
     }
     if not added:

@@ -142,8 +142,7 @@ class PageMap:
 
     def names(self, keys: Sequence[str]) -> list[str]:
         """The store keys of every range of the pages ``keys``, page by page."""
-        key = self.space.key
-        return [key(k, part) for k in keys for part in range(self.per_page)]
+        return self.space.keys(keys, self.per_page)
 
     def segments(self, keys: Sequence[str], host_indices: torch.Tensor) -> list[Segment]:
         """The ranges of the pages at ``host_indices`` (``page_size`` indices a page), in order.

@@ -1,9 +1,8 @@
 """KVPoolHiCacheStorage: SGLang's HiCache L3 storage backend on a kvpool store.
 
 SGLang's cache controller calls the backend from its prefetch and backup
-threads, synchronously.  Each call becomes one batched store call on the
-backend's own event loop (:class:`~kvpool.integrations.shared.calls.LoopThread`),
-waited for at most ``call_timeout`` seconds:
+threads, synchronously.  Each call is one batched call of the *blocking*
+store, made in SGLang's own thread (no event loop, no thread hand-off):
 
 * ``batch_set_v1`` puts every range of every page (lent in place from
   SGLang's host pool) in one ``batched_put``; a page is stored when all
@@ -13,21 +12,24 @@ waited for at most ``call_timeout`` seconds:
 * ``batch_exists`` asks for every range at once and counts the leading
   pages whose ranges are all there.
 
-A ``batch_set_v1`` past ``call_timeout`` is cancelled and returns once the
-store stopped reading SGLang's pages (Redis at once, Mooncake by its own
-``timeout``, a file put when its write ends): SGLang may reuse a page as
-soon as the call returns.
+A call returns only once the store is done with SGLang's pages - a put no
+longer reads them, a get no longer writes them - so SGLang may reuse a page
+as soon as it returns.  Each call is bounded by the store's own deadline
+(``timeout``: the whole call on Redis and a cluster; Mooncake's RPC and
+transfer timeouts; a directory is local I/O).
 
 A miss, a refusal, an outage or a timeout is a ``False`` (or a shorter
 count) for SGLang, never an exception; outages are reported once
 (:class:`~kvpool.integrations.shared.report.Reporter`).  ``close()``
-returns within 2 s whatever is in flight
-(:class:`~kvpool.integrations.shared.calls.InFlight`).
+returns within 1.5 s whatever is in flight
+(:class:`~kvpool.integrations.shared.calls.BlockingCalls`).  ``clear()``
+removes the entries of this configuration's key tag and nothing else
+(the store's ``delete_prefix``); ``get_stats()`` gives SGLang's storage
+metrics (:mod:`kvpool.integrations.sglang.metrics`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Sequence
@@ -43,17 +45,14 @@ from kvpool.errors import (
     KVPoolError,
     OutOfMemoryError,
     PoolClosedError,
+    StoreConnectionError,
+    StoreTimeoutError,
 )
 from kvpool.formats import MemoryFormat
 from kvpool.integrations.sglang.config import HiCacheConfigError, read_config
+from kvpool.integrations.sglang.metrics import PageMetrics
 from kvpool.integrations.sglang.pages import PageMap, Segment
-from kvpool.integrations.shared.calls import (
-    CANCEL_WAIT,
-    CLOSE_GRACE,
-    CLOSE_STORE_WAIT,
-    InFlight,
-    LoopThread,
-)
+from kvpool.integrations.shared.calls import CLOSE_GRACE, BlockingCalls
 from kvpool.integrations.shared.report import Reporter
 from kvpool.integrations.shared.settings import open_settings_store
 from kvpool.remote.counters import StoreCounters
@@ -67,6 +66,9 @@ LOGGER_NAME = "kvpool.integrations.sglang"
 
 _perf = time.perf_counter
 _FMT = MemoryFormat.UNDEFINED
+# A failed put whose store still answers may have stored some pages; during
+# an outage asking would cost another timeout.
+_OUTAGE = (StoreConnectionError, StoreTimeoutError)
 
 
 class KVPoolHiCacheStorage(HiCacheStorage):
@@ -84,23 +86,26 @@ class KVPoolHiCacheStorage(HiCacheStorage):
 
     Raises:
         HiCacheConfigError: a missing or bad ``url``, no ``interface_v1: 1``,
-            an unknown option (named with the closest accepted one), a bad
-            ``call_timeout``; from ``register_mem_pool_host``, a host pool
-            whose layout kvpool cannot address.
+            an unknown option (named with the closest accepted one); from
+            ``register_mem_pool_host``, a host pool whose layout kvpool
+            cannot address.
         RemoteStoreError: (``mooncake://``) the master does not answer.
 
     Attributes:
-        store: the asyncio store.
+        store: the blocking store.
         counters: every call the backend made (exported by ``kvpool.metrics``).
         report: outages and unusable entries.
+        metrics: the values of SGLang's storage metrics until ``get_stats()``.
     """
 
     def __init__(self, storage_config: HiCacheStorageConfig, kwargs: Any = None) -> None:
         self.storage_config = storage_config
-        self.settings, self.call_timeout = read_config(storage_config.extra_config)
+        self.settings = read_config(storage_config.extra_config)
         self.label = f"{self.settings.instance} ({self.settings.shown_url})"
         self.logger = logging.getLogger(LOGGER_NAME)
-        self.store = open_settings_store(self.settings, self.settings.instance, HiCacheConfigError)
+        self.store = open_settings_store(
+            self.settings, self.settings.instance, HiCacheConfigError, asyncio=False
+        )
         self.counters = StoreCounters("KVPoolHiCacheStorage", "sglang")
         self.report = Reporter(
             self.logger,
@@ -108,10 +113,10 @@ class KVPoolHiCacheStorage(HiCacheStorage):
             self.counters,
             "SGLang gets misses and its pages are not stored",
         )
+        self.metrics = PageMetrics(bool(getattr(storage_config, "enable_storage_metrics", False)))
         self.is_writer = bool(storage_config.is_storage_writer)
         self.pages: PageMap | None = None
-        self._calls = InFlight()
-        self._loop = LoopThread("kvpool-hicache")
+        self._calls = BlockingCalls()
         self.logger.info(
             "kvpool HiCache backend: %s at %s", type(self.store).__name__, self.settings.describe()
         )
@@ -157,9 +162,12 @@ class KVPoolHiCacheStorage(HiCacheStorage):
             return []
         if not self.is_writer:
             return [True] * len(keys)
-        return self._run(
-            "batch_set_v1", self._set(keys, host_indices), [False] * len(keys), borrows=True
-        )
+        if not self._calls.enter():
+            return [False] * len(keys)
+        try:
+            return self._set(keys, host_indices)
+        finally:
+            self._calls.leave()
 
     def batch_get_v1(
         self, keys: list[str], host_indices: torch.Tensor, extra_info: Any = None
@@ -167,13 +175,29 @@ class KVPoolHiCacheStorage(HiCacheStorage):
         """Read the pages ``keys`` into ``host_indices`` in place; True for each page read."""
         if not keys:
             return []
-        return self._run("batch_get_v1", self._get(keys, host_indices), [False] * len(keys))
+        if not self._calls.enter():
+            return [False] * len(keys)
+        try:
+            return self._get(keys, host_indices)
+        finally:
+            self._calls.leave()
 
     def batch_exists(self, keys: list[str], extra_info: Any = None) -> int:
         """How many of ``keys``, from the first, are stored whole (every range of the page)."""
-        if not keys:
+        if not keys or not self._calls.enter():
             return 0
-        return int(self._run("batch_exists", self._exists(keys), 0))
+        started = _perf()
+        try:
+            found = self.store.batched_exists(self._map().names(keys))
+        except Exception as exc:
+            self.report.failed("batch_exists", started, exc)
+            return 0
+        finally:
+            self._calls.leave()
+        self.counters.observe("batch_exists", _perf() - started, entries=len(found))
+        self.report.ok()
+        whole = self._whole(found, len(keys))
+        return whole.index(False) if False in whole else len(whole)
 
     def exists(self, key: str) -> bool:
         """True when page ``key`` is stored whole."""
@@ -229,113 +253,131 @@ class KVPoolHiCacheStorage(HiCacheStorage):
         """
         raise self._legacy("batch_set")
 
-    def clear(self) -> None:
-        """Nothing: kvpool's stores do not enumerate their entries (expire them with ``ttl``)."""
-        self.logger.info("%s: clear() does nothing (kvpool's stores do not list keys)", self.label)
+    # -- clear, stats, close -------------------------------------------------
 
-    def get_stats(self) -> None:
-        """None: the backend's figures are in ``counters`` (exported by ``kvpool.metrics``)."""
-        return None
+    def clear(self) -> None:
+        """Remove every page this configuration stored: the entries under its key tag.
+
+        SGLang calls it to drop its L3 cache (the ``/clear_hicache_storage_backend``
+        endpoint, a role switch).  Only this backend's entries go: the keys
+        that start with its tag (:attr:`PageMap.space`), which every key of
+        this configuration - model, ranks, dtype, layout - carries, through
+        the store's ``delete_prefix``.  Other configurations, other users'
+        keys on a shared server or directory, stay.  Servers of the same
+        configuration share these pages: theirs go too.  Mooncake keeps an
+        entry a reader holds a lease on (read or checked in its last lease
+        period, 10 s by default); pages stored while it runs may stay.
+
+        Raises:
+            PoolClosedError: closed, or no host pool registered yet.
+            RemoteStoreError: the store failed or timed out (SGLang logs it
+                and reports the clear as failed); what was removed stays removed.
+        """
+        pages = self._map()
+        if not self._calls.enter():
+            raise PoolClosedError(f"{self.label} is closed")
+        started = _perf()
+        try:
+            removed = self.store.delete_prefix(pages.space.prefix)
+        except Exception as exc:
+            self.counters.observe("clear", _perf() - started, error=exc)
+            raise
+        finally:
+            self._calls.leave()
+        self.counters.observe("clear", _perf() - started, entries=removed)
+        self.logger.info(
+            "%s: clear() removed %d store entries tagged %s", self.label, removed, pages.space.tag
+        )
+
+    def get_stats(self) -> Any:
+        """SGLang's ``StorageMetrics`` of the calls since the last call (see ``metrics``).
+
+        Returns:
+            ``StorageMetrics`` (pages and GiB/s of each get and set), or None
+            when SGLang's storage metrics are off.
+        """
+        return self.metrics.take()
 
     def close(self) -> None:
-        """Finish or cancel the calls in flight and close the store, within 2 s; idempotent."""
-        if self._calls.closing:
-            return
-        bound = CLOSE_GRACE + CANCEL_WAIT + CLOSE_STORE_WAIT + 0.1
-        try:
-            self._loop.run(self._calls.close(self.store, self._warn), bound)
-        except Exception as exc:
-            self._warn(f"closing took longer than {bound:g} s ({type(exc).__name__})")
-        self._loop.stop(0.1)
-        if self._calls.cancelled:
+        """Refuse new calls, let those in flight end for 1 s, close the store; idempotent.
+
+        Returns within 1.5 s.  A call still running then keeps the store
+        until it ends (within the store's own ``timeout``), and the last
+        one closes it.
+        """
+        late = self._calls.close(self.store.close)
+        if late:
             self.logger.warning(
-                "%s: closed with %d calls still in flight after %.1f s: cancelled; pages they "
-                "were writing may or may not be stored",
+                "%s: closed with %d calls still in flight after %.1f s; the store closes when "
+                "the last one ends (within its timeout)",
                 self.label,
-                self._calls.cancelled,
+                late,
                 CLOSE_GRACE,
             )
         self.logger.info("%s: closed", self.label)
 
-    def _warn(self, text: str) -> None:
-        self.logger.warning("%s: %s", self.label, text)
-
-    # -- the calls, on the loop ---------------------------------------------
-
-    def _run(self, op: str, coro: Any, default: Any, borrows: bool = False) -> Any:
-        """Run ``coro`` on the loop, bounded; any failure is ``default`` (reported).
-
-        ``borrows``: ``coro`` reads SGLang's pages (a put): past the bound
-        it returns only once the cancelled put stopped reading them.
-        """
-        started = _perf()
-        try:
-            return self._loop.run(coro, self.call_timeout, borrows=borrows)
-        except PoolClosedError:
-            return default
-        except Exception as exc:
-            self.report.failed(op, started, exc)
-            return default
+    # -- the calls ------------------------------------------------------------
 
     def _map(self) -> PageMap:
         if self.pages is None:
             raise PoolClosedError("SGLang registered no host pool yet")
         return self.pages
 
-    async def _set(self, keys: list[str], host_indices: torch.Tensor) -> list[bool]:
-        task = self._calls.enter()
-        if task is None:
-            return [False] * len(keys)
+    def _set(self, keys: list[str], host_indices: torch.Tensor) -> list[bool]:
         started = _perf()
-        pages = self._map()
-        names = pages.names(keys)
         objs: list[Any] = []
         try:
-            for lender, address, nbytes, shapes, dtypes in pages.segments(keys, host_indices):
-                objs.append(lender.lend(address, nbytes, shapes, dtypes, _FMT))
+            pages = self._map()
+            names = pages.names(keys)
+            for lender, address, size, shapes, dtypes in pages.segments(keys, host_indices):
+                objs.append(lender.lend(address, size, shapes, dtypes, _FMT))
+            nbytes = _bytes(objs)
             try:
-                await self.store.batched_put(names, objs)
-            except asyncio.CancelledError:
-                if not self._calls.by_close(task):
-                    raise
-                return [False] * len(keys)
+                self.store.batched_put(names, objs)
             except Exception as exc:
                 self.report.failed("batch_set_v1", started, exc)
+                self.metrics.record("backup", len(keys), 0, 0.0)
+                if isinstance(exc, _OUTAGE):
+                    return [False] * len(keys)
                 try:
-                    stored = await self._found(names)  # what did make it
+                    stored = self.store.batched_exists(names)  # what did make it
                 except Exception:
                     return [False] * len(keys)
                 return self._whole(stored, len(keys))
-            self.counters.observe(
-                "batch_set_v1", _perf() - started, entries=len(names), nbytes=_bytes(objs)
-            )
-            self.report.ok()
-            return [True] * len(keys)
+        except Exception as exc:  # the pages could not be lent (bad indices): not stored
+            self.report.failed("batch_set_v1", started, exc)
+            return [False] * len(keys)
         finally:
             for obj in objs:
                 discard(obj)
-            self._calls.leave(task)
+        seconds = _perf() - started
+        self.counters.observe("batch_set_v1", seconds, entries=len(names), nbytes=nbytes)
+        self.metrics.record("backup", len(keys), nbytes, seconds)
+        self.report.ok()
+        return [True] * len(keys)
 
-    async def _get(self, keys: list[str], host_indices: torch.Tensor) -> list[bool]:
-        task = self._calls.enter()
-        if task is None:
-            return [False] * len(keys)
+    def _get(self, keys: list[str], host_indices: torch.Tensor) -> list[bool]:
         started = _perf()
-        pages = self._map()
-        names = pages.names(keys)
-        segments = pages.segments(keys, host_indices)
         try:
-            got = await self._read(names, segments, started)
-        except asyncio.CancelledError:
-            if not self._calls.by_close(task):
-                raise
+            pages = self._map()
+            names = pages.names(keys)
+            segments = pages.segments(keys, host_indices)
+        except Exception as exc:
+            self.report.failed("batch_get_v1", started, exc)
             return [False] * len(keys)
-        finally:
-            self._calls.leave(task)
-        return self._whole(got, len(keys))
+        found, total = self._read(names, segments, started)
+        seconds = _perf() - started
+        self.metrics.record("prefetch", len(keys), total, seconds)
+        return self._whole(found, len(keys))
 
-    async def _read(self, names: list[str], segments: list[Segment], started: float) -> list[bool]:
-        """Read every range in place: one batched get per range size (usually one)."""
+    def _read(
+        self, names: list[str], segments: list[Segment], started: float
+    ) -> tuple[list[bool], int]:
+        """Read every range in place: one batched get per range size (usually one).
+
+        Returns:
+            Per range whether it was read, and the bytes read.
+        """
         groups: dict[tuple[Any, ...], list[int]] = {}
         for i, (_, _, nbytes, shapes, dtypes) in enumerate(segments):
             groups.setdefault((nbytes, tuple(shapes), tuple(dtypes)), []).append(i)
@@ -349,14 +391,12 @@ class KVPoolHiCacheStorage(HiCacheStorage):
                 place.add(names[i], lender, address, nbytes)
             wanted = [names[i] for i in idx]
             try:
-                objs = await self.store.batched_get(wanted, place, list(shapes), list(dtypes), _FMT)
-            except asyncio.CancelledError:
-                raise
+                objs = self.store.batched_get(wanted, place, list(shapes), list(dtypes), _FMT)
             except (CorruptEntryError, InvalidArgumentError, OutOfMemoryError) as exc:
                 # One entry fails the whole batch: read them one by one, so the
                 # good ones still load and the bad one is named.
                 self.counters.observe("batch_get_v1", _perf() - started, error=exc)
-                objs = await self._read_one_by_one(wanted, place, list(shapes), list(dtypes))
+                objs = self._read_one_by_one(wanted, place, list(shapes), list(dtypes))
             except Exception as exc:  # the store is unreachable or failing: all misses
                 self.report.failed("batch_get_v1", started, exc)
                 healthy = False
@@ -375,18 +415,16 @@ class KVPoolHiCacheStorage(HiCacheStorage):
         )
         if healthy:
             self.report.ok()
-        return found
+        return found, total
 
-    async def _read_one_by_one(
+    def _read_one_by_one(
         self, names: list[str], place: Placement, shapes: list[Any], dtypes: list[Any]
     ) -> list[Any]:
         """After a failed batch: each range alone, stopping at the first that fails."""
         out: list[Any] = [None] * len(names)
         for i, name in enumerate(names):
             try:
-                out[i] = await self.store.get(name, place, shapes, dtypes, _FMT)
-            except asyncio.CancelledError:
-                raise
+                out[i] = self.store.get(name, place, shapes, dtypes, _FMT)
             except (CorruptEntryError, InvalidArgumentError) as exc:
                 self.report.bad_entry(name, exc)
                 break
@@ -396,27 +434,6 @@ class KVPoolHiCacheStorage(HiCacheStorage):
             if out[i] is None:
                 break
         return out
-
-    async def _exists(self, keys: list[str]) -> int:
-        task = self._calls.enter()
-        if task is None:
-            return 0
-        started = _perf()
-        try:
-            found = await self._found(self._map().names(keys))
-        except asyncio.CancelledError:
-            if not self._calls.by_close(task):
-                raise
-            return 0
-        finally:
-            self._calls.leave(task)
-        self.counters.observe("batch_exists", _perf() - started, entries=len(found))
-        self.report.ok()
-        whole = self._whole(found, len(keys))
-        return whole.index(False) if False in whole else len(whole)
-
-    async def _found(self, names: list[str]) -> list[bool]:
-        return list(await self.store.batched_exists(names))
 
     def _whole(self, found: Sequence[bool], pages: int) -> list[bool]:
         """Per page: True when every one of its ranges is."""

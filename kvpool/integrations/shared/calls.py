@@ -1,9 +1,14 @@
-"""Calls in flight on an event loop, and a close that returns within a bound.
+"""Calls in flight, and a close that returns within a bound whatever they do.
 
-Both integrations run their store calls as asyncio tasks: LMCache on its
-storage manager's loop, SGLang (whose threads call synchronously) on a
-:class:`LoopThread` of its own.  :class:`InFlight` tracks those tasks so
-that closing never waits on the store for long:
+Two kinds of engines call the stores:
+
+* one with an event loop (LMCache) runs its store calls as asyncio tasks:
+  :class:`InFlight` tracks them;
+* one whose own threads call synchronously (SGLang's prefetch and backup
+  threads) calls a blocking store in those threads: :class:`BlockingCalls`
+  tracks them.
+
+:class:`InFlight` - closing never waits on the store for long:
 
 1. new calls are refused (they return what a miss returns);
 2. the calls in flight get ``CLOSE_GRACE`` seconds to finish;
@@ -18,20 +23,30 @@ So a close returns within ``CLOSE_GRACE + CANCEL_WAIT + CLOSE_STORE_WAIT``
 stored (a command already sent may still be applied by the server), and its
 task ends - handing the engine its memory back - only once the store stopped
 reading it.
+
+:class:`BlockingCalls` - a blocking call cannot be cancelled; each is
+bounded by its store's own deadline (``timeout``), and it returns - handing
+the engine its pages back - only once the store is done with them.  So:
+
+1. new calls are refused (they return what a miss returns);
+2. the calls in flight get ``CLOSE_GRACE`` seconds to finish;
+3. if they did, the store is closed (waiting at most ``CLOSE_STORE_WAIT``,
+   the rest of its close goes on in a thread); if not, the last of them to
+   end closes it - a store is never closed under a running call.
+
+So a close returns within ``CLOSE_GRACE + CLOSE_STORE_WAIT`` (1.5 s).
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
+import contextlib
 import threading
 import time
-from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from collections.abc import Callable
+from typing import Any
 
-from kvpool.errors import InvalidArgumentError, PoolClosedError, StoreTimeoutError
-
-__all__ = ["CANCEL_WAIT", "CLOSE_GRACE", "CLOSE_STORE_WAIT", "InFlight", "LoopThread"]
+__all__ = ["CANCEL_WAIT", "CLOSE_GRACE", "CLOSE_STORE_WAIT", "BlockingCalls", "InFlight"]
 
 #: Seconds a close lets the calls in flight finish before cancelling them.
 CLOSE_GRACE = 1.0
@@ -40,7 +55,6 @@ CLOSE_STORE_WAIT = 0.5
 #: Most seconds a close waits for cancelled calls to unwind.
 CANCEL_WAIT = 0.3
 
-_T = TypeVar("_T")
 _perf = time.perf_counter
 
 
@@ -124,99 +138,78 @@ class InFlight:
             warn(f"the store did not close cleanly ({type(exc).__name__}: {exc})")
 
 
-class LoopThread:
-    """An event loop in a daemon thread, for an engine whose threads call synchronously.
+class BlockingCalls:
+    """The calls an engine's own threads make on a blocking store (see the module docstring).
 
-    Args:
-        name: the thread's name.
+    Each call does ``if not calls.enter(): return <miss>``, then the store
+    call, then ``calls.leave()`` in a ``finally``.
 
     Attributes:
-        loop: the loop (running until :meth:`stop`).
+        closing: True once :meth:`close` started.
+
+    Thread safety: any thread may call any method.
     """
 
-    def __init__(self, name: str) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._stopped = False
-        # Done once the loop is told to stop: a lending call stops waiting then.
-        self._halted: concurrent.futures.Future[None] = concurrent.futures.Future()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
+    def __init__(self) -> None:
+        self._done = threading.Condition()
+        self._running = 0
+        self._close_store: Callable[[], None] | None = None  # for the last call to leave
+        self.closing = False
 
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_forever()
+    @property
+    def running(self) -> int:
+        """Calls in flight now."""
+        return self._running
 
-    def run(self, coro: Coroutine[Any, Any, _T], timeout: float, *, borrows: bool = False) -> _T:
-        """Run ``coro`` on the loop and wait for it, at most ``timeout`` seconds.
+    def enter(self) -> bool:
+        """Count a call in; False once closing (the call must not start)."""
+        with self._done:
+            if self.closing:
+                return False
+            self._running += 1
+            return True
+
+    def leave(self) -> None:
+        """Count a call out; the last one out after a late close closes the store."""
+        with self._done:
+            self._running -= 1
+            if self._running:
+                return
+            self._done.notify_all()
+            close, self._close_store = self._close_store, None
+        if close is not None:
+            _in_a_thread(close, "kvpool-close-after-calls")
+
+    def close(self, close_store: Callable[[], None]) -> int:
+        """Refuse new calls, give those in flight ``CLOSE_GRACE`` s, then close the store.
 
         Args:
-            coro: the call.
-            timeout: seconds to wait for it.
-            borrows: ``coro`` reads memory the caller lends (a put of an
-                engine's pages): past ``timeout`` it is cancelled as
-                usual, but this returns only once it has ended - the
-                stores' cancelled puts stop reading first (Redis at once,
-                Mooncake by its own deadline, a file put when its write
-                ends) - or once the loop is stopped.
+            close_store: closes the store (run once, never under a call).
 
-        Raises:
-            StoreTimeoutError: no result within ``timeout`` (the call is
-                cancelled: the stores free what it allocated).
-            PoolClosedError: the loop was stopped.
-            InvalidArgumentError: called on the loop's own thread (it would
-                wait for itself).
-            Whatever ``coro`` raises.
+        Returns:
+            The calls still in flight after the grace (their last one closes
+            the store when it ends); 0 on a second close.
         """
-        if threading.current_thread() is self._thread:
-            coro.close()
-            raise InvalidArgumentError(
-                "a blocking call was made on the integration's own event loop thread"
-            )
-        if self._stopped:
-            coro.close()
-            raise PoolClosedError("the integration's event loop was stopped")
-        started: list[Any] = []  # the task running it, once it runs
-        future = asyncio.run_coroutine_threadsafe(_noting_task(coro, started), self.loop)
-        try:
-            return future.result(timeout)
-        except concurrent.futures.TimeoutError:
-            if not borrows:
-                future.cancel()
-            else:
-                # Cancel the task itself (cancelling ``future`` would end it
-                # at once), then wait until the coroutine is over.
-                self.loop.call_soon_threadsafe(_cancel, started)
-                concurrent.futures.wait(
-                    (future, self._halted), return_when=concurrent.futures.FIRST_COMPLETED
-                )
-                if future.done() and not future.cancelled() and future.exception() is None:
-                    return future.result()  # it finished before the cancellation arrived
-            raise StoreTimeoutError(f"no answer within {timeout:g} s") from None
-
-    def stop(self, timeout: float = 1.0) -> None:
-        """Stop the loop and join its thread (at most ``timeout`` seconds); idempotent."""
-        if self._stopped:
-            return
-        self._stopped = True
-        self._halted.set_result(None)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout)
-        if not self._thread.is_alive():
-            self.loop.close()
+        with self._done:
+            if self.closing:
+                return 0
+            self.closing = True
+            self._done.wait_for(lambda: not self._running, CLOSE_GRACE)
+            late = self._running
+            if late:
+                self._close_store = close_store
+                return late
+        _in_a_thread(close_store, "kvpool-close").join(CLOSE_STORE_WAIT)
+        return 0
 
 
-async def _noting_task(coro: Coroutine[Any, Any, _T], started: list[Any]) -> _T:
-    """``await coro``, having put the task running it in ``started`` (unless too late)."""
-    if started:  # the call ran out of time before it began (see _cancel): it never runs
-        coro.close()
-        raise asyncio.CancelledError
-    started.append(asyncio.current_task())
-    return await coro
+def _in_a_thread(fn: Callable[[], None], name: str) -> threading.Thread:
+    """``fn()`` in a daemon thread of its own (its errors are nobody's to report)."""
 
+    def run() -> None:
+        with contextlib.suppress(Exception):  # a store that fails to close: nothing left to do
+            fn()
 
-def _cancel(started: list[Any]) -> None:
-    """On the loop: cancel the task of a call that ran out of time."""
-    if started:
-        started[0].cancel()
-    else:  # its task has not taken a step yet: it will find this and stop
-        started.append(None)
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    return thread
