@@ -16,6 +16,13 @@ Connections are opened by :mod:`kvpool.remote.redis.opener` in a worker
 thread (connecting is rare), within the call's deadline - which the loop
 also stops waiting at - then driven by the loop.
 
+A batched put of large values (each filling the pipeline window,
+:data:`~kvpool.remote.redis.common.WINDOW_BYTES`, so one ``SET`` is in
+flight at a time) runs in :data:`PUT_LANES` contiguous parts at once, each
+on a connection of its own: while the server reads one part's value the
+client's kernel copies the other's, where one connection leaves either
+side idle in turn (see ``docs/measurements.md``).
+
 Cancellation: a cancelled call closes its plan first - so a ``get``
 frees its destination even with half its bytes received - and then
 closes its connection (its position in the reply stream is unknown);
@@ -43,13 +50,17 @@ from kvpool.pool.objects import MemoryObj
 from kvpool.remote.aiobase import AsyncRemoteStore, offload
 from kvpool.remote.base import Key, check_pairs, get_request, key_bytes, key_list, prefix_bytes
 from kvpool.remote.header import EntryInfo
-from kvpool.remote.objects import discard, hold, release
+from kvpool.remote.objects import discard, hold, let_go, release
 from kvpool.remote.redis.common import DEFAULT_WINDOW, Plan, RedisCommon
 from kvpool.remote.redis.connection import RedisConnection
 from kvpool.remote.redis.prefix import delete_prefix_plan
 from kvpool.remote.redis.resp import DEFAULT_LIMITS, Limits, Send, ServerClosed, Steps
 
-__all__ = ["AsyncConnection", "AsyncNodePool", "AsyncRedisStore"]
+__all__ = ["PUT_LANES", "AsyncConnection", "AsyncNodePool", "AsyncRedisStore"]
+
+#: Connections a batched put of large values runs on at once (fewer when
+#: ``max_connections`` is lower or the batch has fewer entries).
+PUT_LANES = 2
 
 _IOV_MAX = 512
 _WOULD_BLOCK_READ = (BlockingIOError, InterruptedError, ssl.SSLWantReadError)
@@ -440,12 +451,57 @@ class AsyncRedisStore(AsyncRemoteStore, RedisCommon):
             for obj in memory_objs:
                 hold(obj, "batched_put")
                 held.append(obj)
-            plan = self._put_plan(kbs, memory_objs, px)
-            replies = await self._call(f"batched_put of {len(kbs)} keys, first", kbs[0], plan)
+            lanes = self._lanes(kbs, held)
+            if lanes > 1:
+                replies = await self._put_in_lanes(kbs, held, px, lanes)
+            else:
+                plan = self._put_plan(kbs, memory_objs, px)
+                replies = await self._call(f"batched_put of {len(kbs)} keys, first", kbs[0], plan)
         finally:
             for obj in held:
                 release(obj)
         self._raise_refusals("batched_put", kbs, replies)
+
+    def _lanes(self, kbs: list[bytes], objs: list[MemoryObj]) -> int:
+        """Connections a batched put of ``objs`` under ``kbs`` runs on (see the module notes).
+
+        One when a key repeats: on one connection the last of its values
+        wins, as in a put without lanes; across two either could.
+        """
+        count = len(kbs)
+        most = min(PUT_LANES, count, self._max_connections or PUT_LANES)
+        if most < 2 or self._window_for(sum(o.get_size() for o in objs) // count) > 1:
+            return 1
+        if len(set(kbs)) != count:
+            return 1
+        return most
+
+    async def _put_in_lanes(
+        self, kbs: list[bytes], objs: list[MemoryObj], px: int | None, lanes: int
+    ) -> list[Any]:
+        """The replies of a batched put run in ``lanes`` contiguous parts at once.
+
+        Every part is sent even when another fails; then the first failure
+        (in the batch's order) is raised.
+        """
+        bounds = [(i * len(kbs) // lanes, (i + 1) * len(kbs) // lanes) for i in range(lanes)]
+        outcomes = await asyncio.gather(
+            *(
+                self._call(
+                    f"batched_put of {len(kbs)} keys, part of {b - a} from",
+                    kbs[a],
+                    self._put_plan(kbs[a:b], objs[a:b], px),
+                )
+                for a, b in bounds
+            ),
+            return_exceptions=True,
+        )
+        failed = [o for o in outcomes if isinstance(o, BaseException)]
+        for other in failed[1:]:
+            let_go(other)  # dropped: its frames hold no views of the objects
+        if failed:
+            raise failed[0]
+        return [reply for part in outcomes for reply in part]
 
     async def get(
         self,
