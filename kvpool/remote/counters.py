@@ -335,6 +335,18 @@ def _batched_keys(
     return (len(keys) if hasattr(keys, "__len__") else 0), 0, 0
 
 
+def _put_ranges(args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> tuple[int, int, int]:
+    sizes = _arg(args, kwargs, 2, "sizes") or ()
+    return len(sizes), sum(int(n) for n in sizes), 0
+
+
+def _get_ranges(args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> tuple[int, int, int]:
+    sizes = _arg(args, kwargs, 2, "sizes") or ()
+    found = result or ()
+    read = sum(int(n) for n, ok in zip(sizes, found, strict=False) if ok)
+    return len(found), read, sum(not ok for ok in found)
+
+
 def _removed(args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> tuple[int, int, int]:
     return (result if isinstance(result, int) else 0), 0, 0
 
@@ -347,6 +359,8 @@ _MEASURES: dict[str, Measure] = {
     "batched_exists": _batched_keys,
     "batched_delete": _batched_keys,
     "delete_prefix": _removed,
+    "put_ranges": _put_ranges,
+    "get_ranges": _get_ranges,
 }
 
 

@@ -179,6 +179,10 @@ class PoolRegions:
         region.unhook = owner.add_close_hook(lambda key=key: self._forget(key))
         return None
 
+    def covers(self, address: int, nbytes: int) -> bool:
+        """True when ``[address, address + nbytes)`` lies in one range of :meth:`add_range`."""
+        return bool(self._starts) and self._covered(address, nbytes)
+
     def _covered(self, address: int, nbytes: int) -> bool:
         with self._lock:
             i = bisect.bisect_right(self._starts, address) - 1

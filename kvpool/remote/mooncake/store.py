@@ -28,7 +28,8 @@ How the bytes move
   in Python.
 * **headerless** (``headerless=True``): an entry is the object's bytes
   alone, one buffer instead of two, read only with the layout given; what
-  that gives up is listed in :mod:`kvpool.remote.mooncake.raw`.
+  that gives up is listed in :mod:`kvpool.remote.mooncake.raw`; such a
+  store also moves registered host ranges as they are (:mod:`~kvpool.remote.mooncake.ranges`).
 * **get** with a known layout and format allocates the object first and
   reads header and bytes in one call (``batch_get_into_multi_buffers``):
   the header lands in a header slot and is checked, the bytes land in the
@@ -111,6 +112,7 @@ from kvpool.remote.mooncake.ops import (
     rounds,
     write_entries,
 )
+from kvpool.remote.mooncake.ranges import RangeCalls
 from kvpool.remote.mooncake.raw import raw_entry, raw_get
 from kvpool.remote.mooncake.removal import remove_keys, remove_prefix
 from kvpool.remote.mooncake.segments import MountedSegment, Segments
@@ -122,7 +124,7 @@ __all__ = ["MAX_REPLICAS", "MooncakeStore"]
 MAX_REPLICAS = 1024
 
 
-class MooncakeStore(RemoteStore):
+class MooncakeStore(RemoteStore, RangeCalls):
     """A store of entries in a Mooncake Store (see the module docstring).
 
     Args:
