@@ -207,3 +207,34 @@ def test_mooncake_pages_are_stored_headerless_unless_told_and_the_kinds_never_me
     dst2 = reader_pool.alloc(2 * PAGE)
     assert headed[1].batch_get_v1(keys, dst2) == [True, True]
     assert all(torch.equal(a, b) for a, b in zip(wrote2, _pages(reader_pool, dst2), strict=True))
+
+
+def test_mooncake_pages_move_as_ranges_and_an_odd_entry_is_named(mooncake, backends, caplog):
+    import logging
+
+    pool = mha_pool("page_first")
+    raw = backends(storage_config(mooncake.url, model=uuid.uuid4().hex), pool)
+    assert raw.direct  # headerless over the registered host pool: no memory object per range
+    headed = backends(
+        storage_config(mooncake.url, model=uuid.uuid4().hex, headerless=False),
+        mha_pool("page_first"),
+    )
+    assert not headed.direct
+    src, wrote = _fill(pool, 3, seed=15)
+    keys = _keys(3)
+    ptrs, _ = pool.get_page_buffer_meta(src)
+    odd = raw.pages.names(keys)[2]  # page 1's K range, stored first with 100 bytes
+    raw.store.put_ranges([odd], [int(ptrs[2])], [100])
+    assert raw.batch_set_v1(keys, src) == [True] * 3  # a page stored already is left as it is
+    assert raw.store.counters.snapshot()["put_ranges"].calls == 2
+    caplog.set_level(logging.WARNING, logger="kvpool.integrations.sglang")
+    dst = pool.alloc(3 * PAGE)
+    got = raw.batch_get_v1(keys, dst)
+    assert got[:2] == [True, False]  # the good page loads; the odd one is a miss, named
+    assert torch.equal(_pages(pool, dst)[0], wrote[0])
+    assert raw.report.corrupt == 1
+    assert any(odd in r.getMessage() and "CorruptEntryError" in r.getMessage()
+               for r in caplog.records)  # fmt: skip
+    again = pool.alloc(PAGE)
+    assert raw.batch_get_v1(keys[2:], again) == [True]  # the others still read as ranges
+    assert torch.equal(_pages(pool, again)[0], wrote[2])

@@ -144,8 +144,10 @@ class PageMap:
         """The store keys of every range of the pages ``keys``, page by page."""
         return self.space.keys(keys, self.per_page)
 
-    def segments(self, keys: Sequence[str], host_indices: torch.Tensor) -> list[Segment]:
-        """The ranges of the pages at ``host_indices`` (``page_size`` indices a page), in order.
+    def ranges(
+        self, keys: Sequence[str], host_indices: torch.Tensor
+    ) -> tuple[list[int], list[int]]:
+        """The address and size of every range of the pages at ``host_indices``, in order.
 
         Raises:
             HiCacheConfigError: the indices do not make ``len(keys)`` pages.
@@ -156,10 +158,18 @@ class PageMap:
                 f"SGLang asked for {len(keys)} pages but its host indices make "
                 f"{len(ptrs) // max(self.per_page, 1)}"
             )
+        return [int(p) for p in ptrs], [int(n) for n in sizes]
+
+    def segments(self, keys: Sequence[str], host_indices: torch.Tensor) -> list[Segment]:
+        """The ranges of the pages at ``host_indices`` (``page_size`` indices a page), in order.
+
+        Raises:
+            HiCacheConfigError: the indices do not make ``len(keys)`` pages.
+        """
+        ptrs, sizes = self.ranges(keys, host_indices)
         out: list[Segment] = []
         itemsize = self.dtype.itemsize
-        for ptr, size in zip(ptrs, sizes, strict=True):
-            address, nbytes = int(ptr), int(size)
+        for address, nbytes in zip(ptrs, sizes, strict=True):
             if nbytes % itemsize == 0:
                 shapes, dtypes = [torch.Size([nbytes // itemsize])], [self.dtype]
             else:

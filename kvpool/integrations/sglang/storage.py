@@ -96,6 +96,9 @@ class KVPoolHiCacheStorage(HiCacheStorage):
         counters: every call the backend made (exported by ``kvpool.metrics``).
         report: outages and unusable entries.
         metrics: the values of SGLang's storage metrics until ``get_stats()``.
+        direct: pages move as address ranges (``put_ranges``/``get_ranges``
+            of a headerless Mooncake store over the registered host pool),
+            with no memory object per range; set by ``register_mem_pool_host``.
     """
 
     def __init__(self, storage_config: HiCacheStorageConfig, kwargs: Any = None) -> None:
@@ -116,6 +119,7 @@ class KVPoolHiCacheStorage(HiCacheStorage):
         self.metrics = PageMetrics(bool(getattr(storage_config, "enable_storage_metrics", False)))
         self.is_writer = bool(storage_config.is_storage_writer)
         self.pages: PageMap | None = None
+        self.direct = False
         self._calls = BlockingCalls()
         self.logger.info(
             "kvpool HiCache backend: %s at %s", type(self.store).__name__, self.settings.describe()
@@ -134,12 +138,17 @@ class KVPoolHiCacheStorage(HiCacheStorage):
         headerless = bool(getattr(self.store, "headerless", False))
         self.pages = PageMap(mem_pool_host, self.storage_config, self.label, headerless)
         register = getattr(self.store, "register_memory", None)
+        registered = register is not None
         if register is not None:
             for lender in self.pages.lenders:
                 try:
                     register(lender.memory)
                 except KVPoolError as exc:  # each call then registers its ranges itself
+                    registered = False
                     self.logger.info("%s: host pool stays registered per call: %s", self.label, exc)
+        # A headerless store over the registered pool takes the page ranges as
+        # they are: no memory object per range (~15 us of Python each).
+        self.direct = registered and headerless and hasattr(self.store, "put_ranges")
         self.logger.info(
             "%s: %d store entries a page, keys tagged %s (%s)",
             self.label,
@@ -329,11 +338,18 @@ class KVPoolHiCacheStorage(HiCacheStorage):
         try:
             pages = self._map()
             names = pages.names(keys)
-            for lender, address, size, shapes, dtypes in pages.segments(keys, host_indices):
-                objs.append(lender.lend(address, size, shapes, dtypes, _FMT))
-            nbytes = _bytes(objs)
+            if self.direct:
+                ptrs, sizes = pages.ranges(keys, host_indices)
+                nbytes = sum(sizes)
+            else:
+                for lender, address, size, shapes, dtypes in pages.segments(keys, host_indices):
+                    objs.append(lender.lend(address, size, shapes, dtypes, _FMT))
+                nbytes = _bytes(objs)
             try:
-                self.store.batched_put(names, objs)
+                if self.direct:
+                    self.store.put_ranges(names, ptrs, sizes)
+                else:
+                    self.store.batched_put(names, objs)
             except Exception as exc:
                 self.report.failed("batch_set_v1", started, exc)
                 self.metrics.record("backup", len(keys), 0, 0.0)
@@ -361,14 +377,42 @@ class KVPoolHiCacheStorage(HiCacheStorage):
         try:
             pages = self._map()
             names = pages.names(keys)
-            segments = pages.segments(keys, host_indices)
+            ptrs, sizes = pages.ranges(keys, host_indices)
+            read = self._read_direct(names, ptrs, sizes, started) if self.direct else None
+            if read is None:
+                read = self._read(names, pages.segments(keys, host_indices), started)
         except Exception as exc:
             self.report.failed("batch_get_v1", started, exc)
             return [False] * len(keys)
-        found, total = self._read(names, segments, started)
+        found, total = read
         seconds = _perf() - started
         self.metrics.record("prefetch", len(keys), total, seconds)
         return self._whole(found, len(keys))
+
+    def _read_direct(
+        self, names: list[str], ptrs: list[int], sizes: list[int], started: float
+    ) -> tuple[list[bool], int] | None:
+        """Read every range in place with the store's ``get_ranges`` (see ``direct``).
+
+        Returns:
+            As :meth:`_read`; None when an entry is unusable (the caller then
+            reads through memory objects, one by one, naming it).
+        """
+        try:
+            found = self.store.get_ranges(names, ptrs, sizes)
+        except (CorruptEntryError, InvalidArgumentError) as exc:
+            self.counters.observe("batch_get_v1", _perf() - started, error=exc)
+            return None
+        except Exception as exc:  # the store is unreachable or failing: all misses
+            self.report.failed("batch_get_v1", started, exc)
+            return [False] * len(names), 0
+        total = sum(n for n, ok in zip(sizes, found, strict=True) if ok)
+        misses = found.count(False)
+        self.counters.observe(
+            "batch_get_v1", _perf() - started, entries=len(names), nbytes=total, misses=misses
+        )
+        self.report.ok()
+        return found, total
 
     def _read(
         self, names: list[str], segments: list[Segment], started: float
