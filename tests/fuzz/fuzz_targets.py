@@ -434,6 +434,7 @@ def _store_targets() -> list[Target]:
         Target(
             "store_options()", lambda c: remote.store_options, ["redis://h:1/0"], {"asyncio": False}
         ),
+        Target("store_kind()", lambda c: remote.store_kind, ["redis://h:1/0"]),
         Target(
             "RedisStore()",
             lambda c: remote.RedisStore,

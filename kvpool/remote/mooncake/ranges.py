@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import kvpool.remote.mooncake.codes as codes
+from kvpool.checks import refuse_unknown_keywords
 from kvpool.errors import CorruptEntryError, InvalidArgumentError
 from kvpool.remote.base import key_list
 from kvpool.remote.counters import counted
@@ -41,6 +42,8 @@ __all__ = ["RangeCalls"]
 _NO_HEADER = memoryview(b"")
 
 
+# A mixin is no RefusesUnknownKeywords subclass: guarded here, where its methods are defined.
+@refuse_unknown_keywords
 class RangeCalls:
     """``put_ranges`` and ``get_ranges`` of a headerless MooncakeStore (see the module docstring).
 
