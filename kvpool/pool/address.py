@@ -440,6 +440,16 @@ class AddressManager(BatchPlacement):
         if self._max_size is not None:
             self._widest = self._barriers.longest_gap(self._max_size)
 
+    @property
+    def widest_extent(self) -> int:
+        """The largest extent this manager can ever place: the longest run between barriers.
+
+        Without barriers (or ``max_size``) it is unbounded here (``2**64``);
+        the space itself still bounds a request.  Read without the lock (an
+        int, replaced whole when barriers are added).
+        """
+        return self._widest
+
     def sbrk(self, size: int) -> None:
         """Grow the address space by ``size`` bytes (aligned up).
 

@@ -111,6 +111,20 @@ class TensorMemoryAllocator(PlacementPolicy):
         self._am_allocate = self.address_manager.allocate_locked
         self._am_free = self.address_manager.free_locked
 
+    def _span_limit(self, nbytes: int) -> int | None:
+        """The widest placeable extent when one object of ``nbytes`` is wider, else None.
+
+        Barriers (CUDA registration boundaries) cut the pool into spans an
+        object cannot cross, so an object wider than the widest span can
+        never be placed, however much of the pool is free.
+        """
+        widest = self.address_manager.widest_extent
+        if widest >= self._arena_size:  # no barriers: the pool's size is the bound
+            return None
+        if self.address_manager.compute_aligned_size(nbytes) > widest:
+            return widest
+        return None
+
     # -- accounting ----------------------------------------------------
 
     @property
@@ -188,7 +202,9 @@ class TensorMemoryAllocator(PlacementPolicy):
             except AddressSpaceExhaustedError:
                 placed = self._drain_and_retry_locked(self._am_allocate, nbytes)
             if placed is None:
-                self._refuse_too_large_locked(nbytes, self._arena_size, "allocate")
+                self._refuse_too_large_locked(
+                    nbytes, self._arena_size, "allocate", self._span_limit(nbytes)
+                )
                 return None
             addr, phy = placed
             meta = new_metadata(
@@ -247,6 +263,7 @@ class TensorMemoryAllocator(PlacementPolicy):
                     self.address_manager.compute_aligned_size(nbytes) * batch_size,
                     self._arena_size,
                     f"batched_allocate of {batch_size} objects",
+                    self._span_limit(nbytes),
                 )
                 return None
             if self._usage is not None:

@@ -26,6 +26,7 @@ from pool_helpers import MIB
 
 import kvpool
 from kvpool import MemoryFormat
+from kvpool.errors import RequestTooLargeError
 from kvpool.native import option_set
 from kvpool.native.buffer import allocate_host
 from kvpool.pool.barriers import boundaries
@@ -172,6 +173,39 @@ def test_a_lazy_pool_keeps_objects_inside_each_steps_registrations(fake_cuda) ->
         objs = fill(pool, [900 * KIB + 7, 300 * KIB + 1])
         assert round_trip(fake_cuda, objs) == []
         release(pool, objs)
+
+
+@pytest.mark.parametrize("call", ["allocate", "batched_allocate"])
+def test_an_object_wider_than_every_registration_is_said_to_never_fit(
+    fake_cuda, lenient, caplog, call: str
+) -> None:
+    # 16 MiB free, in 4 MiB registrations: a 5 MiB object can never be placed,
+    # though it is far from the pool's size; the pool says so once, with the fix.
+    caplog.set_level("WARNING", logger="kvpool")
+    option_set("register_chunk", 4 * MIB)
+    with kvpool.MixedMemoryAllocator(16 * MIB, pin="cuda-register") as pool:
+        shape = torch.Size([5 * MIB])
+        for _ in range(2):
+            if call == "allocate":
+                assert pool.allocate(shape, torch.uint8, MemoryFormat.BINARY) is None
+            else:
+                assert pool.batched_allocate(shape, torch.uint8, 2, MemoryFormat.BINARY) is None
+        said = [r.getMessage() for r in caplog.records if "can never succeed" in r.getMessage()]
+        assert len(said) == 1
+        assert f"widest registered span of {4 * MIB} bytes" in said[0]
+        assert "step_size" in said[0] and "register_chunk" in said[0]
+        fits = pool.allocate(torch.Size([4 * MIB]), torch.uint8, MemoryFormat.BINARY)
+        assert fits is not None  # as wide as a span: placed
+        release(pool, [fits])
+
+
+def test_an_object_wider_than_every_registration_raises_in_strict_mode(fake_cuda, strict) -> None:
+    option_set("register_chunk", 4 * MIB)
+    with (
+        kvpool.MixedMemoryAllocator(16 * MIB, pin="cuda-register") as pool,
+        pytest.raises(RequestTooLargeError, match="widest registered span"),
+    ):
+        pool.allocate(torch.Size([5 * MIB]), torch.uint8, MemoryFormat.BINARY)
 
 
 def test_a_devdax_arena_registers_through_libpinmem(fake_cuda, tmp_path) -> None:
