@@ -91,7 +91,9 @@ def test_allocations_beyond_the_current_size_wait_for_growth(
         assert not pool.growing
         assert pool.usable_bytes == 8 * MIB
         assert pool.committed_bytes >= 8 * MIB
-        big = pool.allocate(*raw(4 * MIB), KV_FMT)
+        # Objects no wider than a step: with CUDA each step is registered on
+        # its own and no object crosses two (tests/pools/test_pool_registrations.py).
+        big = pool.batched_allocate(*raw(MIB), 7, KV_FMT)  # all but the first step's rest
         assert big is not None
         # addresses never move: the first object is where it was, intact
         assert first.data_ptr == address
@@ -108,7 +110,8 @@ def test_grows_on_its_own_when_started() -> None:
     with kvpool.LazyMemoryAllocator(2 * MIB, 16 * MIB, step_size=2 * MIB) as pool:
         assert pool.wait_ready(LIVENESS)
         assert pool.usable_bytes == 16 * MIB
-        assert pool.allocate(*raw(15 * MIB), KV_FMT) is not None
+        # The whole grown space, in objects of one step (see above).
+        assert pool.batched_allocate(*raw(2 * MIB), 8, KV_FMT) is not None
     assert wait_for(lambda: not threads_named(THREAD), LIVENESS)
 
 
@@ -272,13 +275,16 @@ def test_grows_to_4_gib_while_another_thread_allocates_and_frees(mappings: int) 
         assert seen_usable == sorted(seen_usable)  # the usable size only grows
         assert pool.num_active_allocations == 0
         assert pool.memcheck()
-        whole = pool.allocate(*raw(size), KV_FMT)
+        # The whole space, in 64 MiB objects: every step boundary (64 MiB, then
+        # every 256 MiB) is a multiple of it, so they fill it with CUDA too.
+        whole = pool.batched_allocate(*raw(64 * MIB), size // (64 * MIB), KV_FMT)
         assert whole is not None
-        view = whole.byte_array
-        view[0] = 1
-        view[size - 1] = 2
-        assert (view[0], view[size - 1]) == (1, 2)
-        del view
+        first, last = whole[0].byte_array, whole[-1].byte_array
+        first[0] = 1
+        last[64 * MIB - 1] = 2
+        assert (first[0], last[64 * MIB - 1]) == (1, 2)
+        assert whole[-1].data_ptr + 64 * MIB - whole[0].data_ptr == size
+        del first, last
     finally:
         pool.close()
     del pool, whole
