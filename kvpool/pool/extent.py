@@ -111,8 +111,8 @@ class TensorMemoryAllocator(PlacementPolicy):
         self._am_allocate = self.address_manager.allocate_locked
         self._am_free = self.address_manager.free_locked
 
-    def _span_limit(self, nbytes: int) -> int | None:
-        """The widest placeable extent when one object of ``nbytes`` is wider, else None.
+    def _span_limit(self, nbytes: int) -> tuple[int, int] | None:
+        """``(aligned object bytes, widest placeable extent)`` if the object is wider, else None.
 
         Barriers (CUDA registration boundaries) cut the pool into spans an
         object cannot cross, so an object wider than the widest span can
@@ -121,8 +121,9 @@ class TensorMemoryAllocator(PlacementPolicy):
         widest = self.address_manager.widest_extent
         if widest >= self._arena_size:  # no barriers: the pool's size is the bound
             return None
-        if self.address_manager.compute_aligned_size(nbytes) > widest:
-            return widest
+        aligned = self.address_manager.compute_aligned_size(nbytes)
+        if aligned > widest:
+            return aligned, widest
         return None
 
     # -- accounting ----------------------------------------------------

@@ -315,15 +315,16 @@ class PlacementPolicy(MemoryAllocatorInterface):
         return str(pool) if pool is not None else str(self)
 
     def _refuse_too_large_locked(
-        self, nbytes: int, capacity: int, what: str, widest_span: int | None = None
+        self, nbytes: int, capacity: int, what: str, too_wide: tuple[int, int] | None = None
     ) -> None:
         """A request failed: say so if it can never fit (the caller returns None).
 
         ``nbytes`` beyond :data:`~kvpool.formats.MAX_LAYOUT_BYTES` raises
         :class:`InvalidArgumentError`; beyond ``capacity`` (the whole pool),
-        or with ``widest_span`` given (an object of the request is wider
-        than the widest span between CUDA registration boundaries, which no
-        object crosses), it is reported once per pool (a warning), or raises
+        or with ``too_wide`` given (``(object bytes, widest span)``: an
+        object of the request is wider than the widest span between CUDA
+        registration boundaries, which no object crosses), it is reported
+        once per pool (a warning), or raises
         :class:`RequestTooLargeError` in strict mode.  A request that only
         does not fit *now* is not reported.
         """
@@ -331,10 +332,11 @@ class PlacementPolicy(MemoryAllocatorInterface):
             raise InvalidArgumentError(
                 f"{what} of {nbytes} bytes: more than {MAX_LAYOUT_BYTES} (the int64 limit)"
             )
-        if widest_span is not None:
+        if too_wide is not None:
             message = (
-                f"{what} from {self.display_name} can never succeed: an object is wider than "
-                f"the pool's widest registered span of {widest_span} bytes (its memory is "
+                f"{what} from {self.display_name} can never succeed: an object of "
+                f"{too_wide[0]} bytes (aligned) is wider than the pool's widest registered span "
+                f"of {too_wide[1]} bytes (its memory is "
                 "registered with CUDA in chunks, and an object never crosses two, where a GPU "
                 "copy would fail); it returned None (as when full). Make the chunks larger "
                 "than the largest object (a lazy pool's step_size, a pool's register_chunk) "

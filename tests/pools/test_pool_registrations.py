@@ -192,6 +192,7 @@ def test_an_object_wider_than_every_registration_is_said_to_never_fit(
                 assert pool.batched_allocate(shape, torch.uint8, 2, MemoryFormat.BINARY) is None
         said = [r.getMessage() for r in caplog.records if "can never succeed" in r.getMessage()]
         assert len(said) == 1
+        assert f"object of {5 * MIB} bytes" in said[0]
         assert f"widest registered span of {4 * MIB} bytes" in said[0]
         assert "step_size" in said[0] and "register_chunk" in said[0]
         fits = pool.allocate(torch.Size([4 * MIB]), torch.uint8, MemoryFormat.BINARY)
