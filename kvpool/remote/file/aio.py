@@ -53,7 +53,12 @@ from kvpool.pool.interface import MemoryAllocatorInterface
 from kvpool.pool.objects import MemoryObj
 from kvpool.remote.aiobase import AsyncRemoteStore, offload
 from kvpool.remote.base import Key, check_pairs, get_request, key_list
-from kvpool.remote.file.parts import SPLIT_MIN_BYTES, default_batch_threads, split_bounds
+from kvpool.remote.file.parts import (
+    SPLIT_MIN_BYTES,
+    batch_nbytes,
+    default_batch_threads,
+    split_bounds,
+)
 from kvpool.remote.file.store import FileStore
 from kvpool.remote.header import EntryInfo
 from kvpool.remote.objects import discard
@@ -78,14 +83,6 @@ def on_tmpfs(path: str) -> bool:
 def _discard_all(objs: list[MemoryObj | None]) -> None:
     for obj in objs:
         discard(obj)
-
-
-def _nbytes(obj: Any) -> int:
-    """An object's size for splitting a batch (0 when it cannot say: the put reports it)."""
-    try:
-        return int(obj.get_size())
-    except Exception:
-        return 0
 
 
 class AsyncFileStore(AsyncRemoteStore):
@@ -220,7 +217,7 @@ class AsyncFileStore(AsyncRemoteStore):
         if pool is not None:
             check_pairs(keys, memory_objs)  # before len(): keys may be anything
         if pool is not None and len(keys) > 1:
-            nbytes = sum(_nbytes(obj) for obj in memory_objs)
+            nbytes = batch_nbytes(memory_objs)
             bounds = split_bounds(len(keys), nbytes, self.batch_threads)
         if pool is None or len(bounds) < 2:
             await self._run(self.store.batched_put, keys, memory_objs, borrows=True)

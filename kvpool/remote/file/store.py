@@ -91,7 +91,7 @@ from kvpool.remote.base import (
 from kvpool.remote.file.careful import read_entry, read_header
 from kvpool.remote.file.io import CLOEXEC, open_entry
 from kvpool.remote.file.names import entry_name, plain_name, remove_prefix
-from kvpool.remote.file.parts import run_parts, split_bounds
+from kvpool.remote.file.parts import batch_nbytes, run_parts, split_bounds
 from kvpool.remote.file.spares import Spares, remove_dead_temp, temp_name
 from kvpool.remote.header import (
     EntryInfo,
@@ -112,14 +112,6 @@ __all__ = ["FileStore"]
 # _get_direct's answer for "ask _get_careful".
 _CAREFUL = object()
 _R = TypeVar("_R")
-
-
-def _nbytes(obj: Any) -> int:
-    """An object's size for splitting a batch (0 when it cannot say: the put reports it)."""
-    try:
-        return int(obj.get_size())
-    except Exception:
-        return 0
 
 
 class FileStore(RemoteStore):
@@ -280,7 +272,7 @@ class FileStore(RemoteStore):
             return super().batched_put(keys, memory_objs)
         self._check_open()
         keys, objs = list(keys), list(memory_objs)
-        bounds = self._bounds(keys, sum(_nbytes(o) for o in objs))
+        bounds = self._bounds(keys, batch_nbytes(objs))
         if len(bounds) < 2:
             raise_first(self._write_batch(keys, objs))
             return None
