@@ -342,9 +342,10 @@ class KVPoolHiCacheStorage(HiCacheStorage):
                 ptrs, sizes = pages.ranges(keys, host_indices)
                 nbytes = sum(sizes)
             else:
+                nbytes = 0
                 for lender, address, size, shapes, dtypes in pages.segments(keys, host_indices):
                     objs.append(lender.lend(address, size, shapes, dtypes, _FMT))
-                nbytes = _bytes(objs)
+                    nbytes += size
             try:
                 if self.direct:
                     self.store.put_ranges(names, ptrs, sizes)
@@ -377,8 +378,10 @@ class KVPoolHiCacheStorage(HiCacheStorage):
         try:
             pages = self._map()
             names = pages.names(keys)
-            ptrs, sizes = pages.ranges(keys, host_indices)
-            read = self._read_direct(names, ptrs, sizes, started) if self.direct else None
+            read = None
+            if self.direct:
+                ptrs, sizes = pages.ranges(keys, host_indices)
+                read = self._read_direct(names, ptrs, sizes, started)
             if read is None:
                 read = self._read(names, pages.segments(keys, host_indices), started)
         except Exception as exc:
@@ -486,7 +489,3 @@ class KVPoolHiCacheStorage(HiCacheStorage):
 
     def __repr__(self) -> str:
         return f"<KVPoolHiCacheStorage {self.label}>"
-
-
-def _bytes(objs: Sequence[Any]) -> int:
-    return sum(o.get_size() for o in objs)
