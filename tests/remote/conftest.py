@@ -50,6 +50,7 @@ import kvpool
 from kvpool.remote import FileStore, RedisStore, RemoteStore
 
 from .cluster_servers import RedisCluster, start_cluster
+from .hostile_server import HostileServer
 from .mooncake_servers import MooncakeDeployment, start_mooncake
 
 KV_SHAPE = torch.Size([2, 4, 16, 32])  # 8 KiB of float16
@@ -367,3 +368,13 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[RemoteStor
             yield s
     else:
         yield request.getfixturevalue(f"{request.param}_store")
+
+
+@pytest.fixture
+def hostile() -> Iterator[HostileServer]:
+    """A lying Redis server of the test's own, on loopback (:mod:`.hostile_server`)."""
+    if importlib.util.find_spec("redis") is None:
+        pytest.skip("the redis client is not installed (pip install 'kvpool[redis]')")
+    server = HostileServer()
+    yield server
+    server.close()

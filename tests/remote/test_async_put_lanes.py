@@ -14,7 +14,6 @@ through a real redis-server.
 
 from __future__ import annotations
 
-import importlib.util
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -34,15 +33,6 @@ from .test_async_stores import run
 #: 512 KiB of float16: one value fills the window.
 LARGE = torch.Size([2, 4, 256, 128])
 SMALL = torch.Size([2, 4, 16, 32])
-
-
-@pytest.fixture
-def hostile() -> Iterator[HostileServer]:
-    if importlib.util.find_spec("redis") is None:
-        pytest.skip("the redis client is not installed (pip install 'kvpool[redis]')")
-    server = HostileServer()
-    yield server
-    server.close()
 
 
 @pytest.fixture

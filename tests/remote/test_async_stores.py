@@ -6,7 +6,6 @@ Each test runs its coroutine with :func:`run`, which bounds it in time.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import os
 import threading
 import uuid
@@ -156,15 +155,6 @@ def test_many_concurrent_gets_on_one_loop(
     pool.batched_free(objs)
     assert_clean(big)
     big.close()
-
-
-@pytest.fixture
-def hostile() -> Iterator[HostileServer]:
-    if importlib.util.find_spec("redis") is None:
-        pytest.skip("the redis client is not installed (pip install 'kvpool[redis]')")
-    server = HostileServer()
-    yield server
-    server.close()
 
 
 async def _put_async(store: AsyncRedisStore, pool: kvpool.TensorMemoryAllocator, key: str) -> bytes:

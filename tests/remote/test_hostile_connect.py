@@ -16,9 +16,8 @@ itself as the only master).
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -43,16 +42,6 @@ HANDSHAKES = {
     b"SELECT": "redis://127.0.0.1:{port}/2",
     b"CLIENT": "redis://127.0.0.1:{port}/0?client_name=kvpool-test",
 }
-
-
-@pytest.fixture
-def hostile() -> Iterator[HostileServer]:
-    """A lying server of this test's own."""
-    if importlib.util.find_spec("redis") is None:
-        pytest.skip("the redis client is not installed (pip install 'kvpool[redis]')")
-    server = HostileServer()
-    yield server
-    server.close()
 
 
 def _trickle(_args: list[bytes], _honest: bytes) -> Trickle:

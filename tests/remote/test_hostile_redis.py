@@ -9,7 +9,6 @@ under :func:`bounded`, so a store that would hang fails instead.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import itertools
 import struct
 import tracemalloc
@@ -33,16 +32,6 @@ from .hostile_server import CLOSE, HostileServer, Trickle, bounded
 
 KV_BYTES = KV_SHAPE.numel() * KV_DTYPE.itemsize
 SECRET = "hunter2-Secret"
-
-
-@pytest.fixture
-def hostile() -> Iterator[HostileServer]:
-    """A lying server of this test's own."""
-    if importlib.util.find_spec("redis") is None:
-        pytest.skip("the redis client is not installed (pip install 'kvpool[redis]')")
-    server = HostileServer()
-    yield server
-    server.close()
 
 
 @pytest.fixture
