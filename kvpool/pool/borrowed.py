@@ -219,7 +219,10 @@ def borrow(
         The lent object (reference count 1; ``ref_count_down()`` ends it).
 
     Raises:
-        As :class:`BorrowedMemory` and :meth:`BorrowedMemory.lend`.
+        ArgumentTypeError: ``memory`` is neither a tensor nor a buffer.
+        InvalidArgumentError: device memory, a non-contiguous tensor, a
+            read-only buffer, or an ``nbytes``, shapes or dtypes that do
+            not fit it (as :meth:`BorrowedMemory.lend`).
     """
     lender = BorrowedMemory(memory)
     size = lender.nbytes if nbytes is None else nbytes
