@@ -1,10 +1,10 @@
 """SGLang's HiCache on a kvpool store: the backend loaded as SGLang loads it, pages round-tripped.
 
-Needs SGLang 0.5.23 (``make compat`` builds an environment with it).  It
+Needs SGLang 0.5.23 (``python -m kvpool install-sglang`` installs it).  It
 builds SGLang's own host pool (MHA, ``page_first``, on CPU), has SGLang's
 ``StorageBackendFactory`` make the kvpool backend from the same extra
-config a server takes on its command line, writes four pages to the store
-and reads them back into other pages of the pool, in place::
+config a server takes on its command line, writes four pages to the store,
+reads them back into other pages of the pool, in place, and removes them from the store::
 
     python examples/sglang_hicache_backend.py                        # a temporary directory
     python examples/sglang_hicache_backend.py redis://127.0.0.1:6379/0
@@ -71,7 +71,10 @@ def main(url: str) -> None:
         print("read back:", backend.batch_get_v1(keys, dst))
         assert torch.equal(pool.kv_buffer[:, dst], pool.kv_buffer[:, src])
     finally:
-        backend.close()
+        try:
+            backend.clear()  # this configuration's pages only: nothing else in the store
+        finally:
+            backend.close()
     print("sglang hicache backend round trip ok")
 
 

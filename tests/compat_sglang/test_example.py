@@ -2,29 +2,44 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from .conftest import REPO
+from .conftest import REPO, RedisServer
 
 EXAMPLE = REPO / "examples" / "sglang_hicache_backend.py"
 FAULTS = ("Traceback", "Error", "freed while views", "LeakedHandleWarning")
 
 
-@pytest.mark.parametrize("where", ["directory", "redis"])
-def test_the_example_round_trips(where: str, tmp_path: Path, request) -> None:
-    args = [request.getfixturevalue("redis_server").url] if where == "redis" else []
-    done = subprocess.run(
+def run_example(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """The example in a process of its own, in ``cwd``, on this checkout's kvpool."""
+    return subprocess.run(
         [sys.executable, str(EXAMPLE), *args],
         capture_output=True,
         text=True,
         timeout=180,
-        cwd=str(tmp_path),
+        cwd=str(cwd),
         env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
     )
+
+
+def dbsize(port: int) -> int:
+    """How many keys the Redis server on ``port`` holds (one DBSIZE on a raw socket)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(b"DBSIZE\r\n")
+        reply = s.recv(64)
+    assert reply.startswith(b":"), reply
+    return int(reply[1:].strip())
+
+
+@pytest.mark.parametrize("where", ["directory", "redis"])
+def test_the_example_round_trips(where: str, tmp_path: Path, request) -> None:
+    args = [request.getfixturevalue("redis_server").url] if where == "redis" else []
+    done = run_example(args, tmp_path)
     report = f"exit {done.returncode}\n{done.stdout}\n{done.stderr[-4000:]}"
     assert done.returncode == 0, report
     lines = done.stdout.strip().splitlines()
@@ -35,3 +50,19 @@ def test_the_example_round_trips(where: str, tmp_path: Path, request) -> None:
     assert f"backend: KVPoolHiCacheStorage at {shown}" in done.stdout, report
     for fault in FAULTS:
         assert fault not in done.stderr, report
+
+
+def test_the_example_leaves_nothing_in_the_users_store(tmp_path: Path) -> None:
+    # A server of its own: the session's is shared with tests that leave keys.
+    server = RedisServer()
+    try:
+        done = run_example([server.url], tmp_path)
+        assert done.returncode == 0, done.stdout + done.stderr[-4000:]
+        assert dbsize(server.port) == 0
+    finally:
+        server.stop()
+    folder = tmp_path / "store"
+    folder.mkdir()
+    done = run_example([str(folder)], tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr[-4000:]
+    assert not [p for p in folder.rglob("*") if p.is_file()], sorted(folder.rglob("*"))
