@@ -39,7 +39,7 @@ def _dead_view(obj: TensorMemoryObj, what: str) -> Exception:
     return InvalidHandleError(f"{what} of a freed memory object {obj!r}")
 
 
-def _dead(obj: TensorMemoryObj, action: str) -> None:
+def _dead(obj: TensorMemoryObj, action: str, outcome: str = "the call was ignored") -> None:
     error = _dead_view(obj, action)
     if type(error) is PoolClosedError:
         # Closing a pool ends every object's life; users that close their
@@ -47,7 +47,7 @@ def _dead(obj: TensorMemoryObj, action: str) -> None:
         # order) are not misusing anything, so this is not reported.
         logger.debug("%s; ignored", error)
         return
-    report(type(error), f"{error}; the call was ignored")
+    report(type(error), f"{error}; {outcome}")
 
 
 class TensorMemoryObj(MemoryObj):
@@ -485,9 +485,9 @@ class TensorMemoryObj(MemoryObj):
 
     @property
     def raw_tensor(self) -> torch.Tensor | None:
-        """The flat byte tensor behind the object (None, with a warning, once freed)."""
+        """The flat byte tensor behind the object (once freed: as :attr:`tensor`)."""
         if not self.is_valid():
-            logger.warning("raw_tensor of a freed memory object %s", repr(self))
+            _dead(self, "raw_tensor", "it gave None")
             return None
         return self.raw_data
 
@@ -496,14 +496,14 @@ class TensorMemoryObj(MemoryObj):
         """The data viewed with the logical shape and dtype (zero-copy).
 
         After :meth:`set_used_size` it is a flat ``uint8`` view of the used
-        bytes.  None, with a warning, once the object is freed.
+        bytes.  None, with a warning, once the object is freed (as LMCache's).
 
         Raises:
-            InvalidArgumentError: the object has several groups of
-                different dtypes or shapes (use :meth:`get_tensor`).
+            InvalidArgumentError: several groups of different dtypes or shapes.
+            InvalidHandleError: the object was freed, in strict mode only.
         """
         if not self.is_valid():
-            logger.warning("tensor of a freed memory object %s", repr(self))
+            _dead(self, "tensor", "it gave None")
             return None
         raw = self.raw_data
         if self._used_size_override is not None:
@@ -535,13 +535,13 @@ class TensorMemoryObj(MemoryObj):
         """Group ``index`` viewed with its shape and dtype (zero-copy).
 
         Returns:
-            The tensor, or None (with a warning) once the object is freed.
+            The tensor; once the object is freed, as :attr:`tensor`.
 
         Raises:
             InvalidArgumentError: ``index`` is not an int or names no group.
         """
         if not self.is_valid():
-            logger.warning("get_tensor of a freed memory object %s", repr(self))
+            _dead(self, "get_tensor", "it gave None")
             return None
         shapes = self.get_shapes()
         dtypes = self.get_dtypes()

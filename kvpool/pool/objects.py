@@ -172,7 +172,13 @@ class MemoryObj(RefusesUnknownKeywords, metaclass=abc.ABCMeta):
     @property
     @abc.abstractmethod
     def tensor(self) -> torch.Tensor | None:
-        """The data as a tensor of the logical shape and dtype."""
+        """The data as a tensor of the logical shape and dtype.
+
+        Once the object is freed: None with a warning, as LMCache's objects
+        (whose callers test for None); in strict mode
+        (:func:`kvpool.set_strict_mode`) an ``InvalidHandleError`` naming the
+        object.  So are :attr:`raw_tensor` and :meth:`get_tensor`.
+        """
 
     @property
     @abc.abstractmethod
@@ -197,11 +203,11 @@ class MemoryObj(RefusesUnknownKeywords, metaclass=abc.ABCMeta):
     @property
     @abc.abstractmethod
     def raw_tensor(self) -> torch.Tensor | None:
-        """The flat byte tensor behind the object."""
+        """The flat byte tensor behind the object (freed: as :attr:`tensor`)."""
 
     @abc.abstractmethod
     def get_tensor(self, index: int) -> torch.Tensor | None:
-        """Group ``index`` as a tensor of its shape and dtype."""
+        """Group ``index`` as a tensor of its shape and dtype (freed: as :attr:`tensor`)."""
 
     @abc.abstractmethod
     def parent(self) -> MemoryAllocatorInterface | None:

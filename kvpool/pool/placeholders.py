@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import abc
-import logging
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -13,6 +12,7 @@ from kvpool.errors import (
     ArgumentTypeError,
     FeatureUnavailableError,
     InvalidArgumentError,
+    InvalidHandleError,
     RefCountError,
 )
 from kvpool.formats import MemoryFormat
@@ -24,8 +24,6 @@ if TYPE_CHECKING:
     from kvpool.pool.interface import MemoryAllocatorInterface
 
 __all__ = ["GDS_UNSUPPORTED", "BytesBufferMemoryObj", "GDSMemoryObject"]
-
-logger = logging.getLogger("kvpool")
 
 
 class BytesBufferMemoryObj(MemoryObj):
@@ -130,9 +128,9 @@ class BytesBufferMemoryObj(MemoryObj):
 
     @property
     def tensor(self) -> torch.Tensor | None:
-        """None: a byte buffer has no tensor view."""
+        """None: a byte buffer has no tensor view (invalidated: warns, raises in strict mode)."""
         if not self.valid:
-            logger.warning("tensor of an invalidated memory object %s", repr(self))
+            report(InvalidHandleError, f"tensor of an invalidated memory object {self!r}")
         return None
 
     @property

@@ -282,6 +282,34 @@ def test_freed_object_views(kind: str, make_extent, make_paged, kvlog) -> None:
     assert pool.memcheck()
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_freed_object_tensor_views_raise_in_strict_mode(
+    kind: str, make_extent, make_paged, strict
+) -> None:
+    # By default they give None, as LMCache's objects do (test_freed_object_views); strict
+    # mode raises there, naming the object, as it does for every other use of a dead handle.
+    pool, obj = pooled(kind, make_extent, make_paged)
+    obj.ref_count_down()
+    views = {
+        "tensor": lambda: obj.tensor,
+        "raw_tensor": lambda: obj.raw_tensor,
+        "get_tensor": lambda: obj.get_tensor(0),
+    }
+    for what, view in views.items():
+        with pytest.raises(kvpool.InvalidHandleError) as caught:
+            view()
+        assert str(caught.value).startswith(f"{what} of a freed memory object {obj!r}")
+    assert pool.memcheck()
+
+
+def test_invalidated_byte_buffer_tensor_raises_in_strict_mode(strict) -> None:
+    obj = BytesBufferMemoryObj(bytearray(8))
+    assert obj.tensor is None  # a valid one has no tensor view, strict or not
+    obj.invalidate()
+    with pytest.raises(kvpool.InvalidHandleError, match="invalidated memory object"):
+        obj.tensor  # noqa: B018
+
+
 # -- BytesBufferMemoryObj ------------------------------------------------------------------
 
 
