@@ -5,13 +5,18 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
-/* The kernel's value (linux/fs.h); older C libraries do not define it. */
+/* The kernel's values (linux/fs.h); older C libraries do not define them. */
+#ifndef RENAME_NOREPLACE
+#define RENAME_NOREPLACE (1 << 0)
+#endif
 #ifndef RENAME_EXCHANGE
 #define RENAME_EXCHANGE (1 << 1)
 #endif
@@ -21,7 +26,12 @@
  * reports it). */
 #define PM_ENTRY_OPEN_TRIES 100
 
-#define PM_ENTRY_FLAGS (PINMEM_ENTRY_SPARE | PINMEM_ENTRY_EXCHANGE | PINMEM_ENTRY_SYNC)
+#define PM_ENTRY_FLAGS                                                                          \
+    (PINMEM_ENTRY_SPARE | PINMEM_ENTRY_EXCHANGE | PINMEM_ENTRY_SYNC | PINMEM_ENTRY_DIRECT)
+
+/* Bytes a system call moves at most under PINMEM_FAULT_SHORT_IO: 1000, or
+ * one alignment unit for O_DIRECT (which refuses unaligned offsets). */
+#define PM_SHORT_IO 1000
 
 /* Only a regular file with one link, owned by this user, is an entry: a
  * FIFO or device could block, a hard link could be a file outside the
@@ -45,20 +55,63 @@ static void pm_iov_advance(struct iovec **iov, int *count, size_t n)
     }
 }
 
-/* At most 1000 bytes per call under PINMEM_FAULT_SHORT_IO (test builds). */
-static int pm_io_count(struct iovec *iov, int count, struct iovec *cut)
+/* At most unit bytes per call under PINMEM_FAULT_SHORT_IO (test builds). */
+static int pm_io_count(struct iovec *iov, int count, struct iovec *cut, size_t unit)
 {
     if (!pm_fault(PINMEM_FAULT_SHORT_IO))
         return count;
     *cut = iov[0];
-    if (cut->iov_len > 1000)
-        cut->iov_len = 1000;
+    if (cut->iov_len > unit)
+        cut->iov_len = unit;
     return -1;
+}
+
+static int64_t pm_mtime_ns(const struct stat *st)
+{
+    return (int64_t)st->st_mtim.tv_sec * 1000000000 + (int64_t)st->st_mtim.tv_nsec;
+}
+
+static void pm_stamp(pinmem_entry_stamp *stamp, const struct stat *st, int direct)
+{
+    if (stamp == NULL)
+        return;
+    stamp->inode = (uint64_t)st->st_ino;
+    stamp->mtime_ns = pm_mtime_ns(st);
+    stamp->size = (uint64_t)st->st_size;
+    stamp->direct = direct;
+}
+
+/* O_DIRECT needs the buffer's address, its length and the file offset
+ * aligned; the header goes through an aligned copy, so its length counts. */
+static int pm_direct_ok(const void *data, size_t data_len, size_t header_len)
+{
+    return (uintptr_t)data % PINMEM_ENTRY_ALIGN == 0 && data_len % PINMEM_ENTRY_ALIGN == 0 &&
+           header_len % PINMEM_ENTRY_ALIGN == 0;
+}
+
+/* Switch fd to O_DIRECT and give an aligned buffer of header_len bytes
+ * (NULL for 0) in *aligned; 1 when both worked.  A file system without
+ * O_DIRECT refuses the switch (EINVAL) and fd stays buffered: 0. */
+static int pm_go_direct(int fd, size_t header_len, void **aligned)
+{
+    *aligned = NULL;
+    if (O_DIRECT == 0)
+        return 0;
+    if (header_len > 0 && posix_memalign(aligned, PINMEM_ENTRY_ALIGN, header_len) != 0) {
+        *aligned = NULL;
+        return 0;
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0 && fcntl(fd, F_SETFL, fl | O_DIRECT) == 0)
+        return 1;
+    free(*aligned);
+    *aligned = NULL;
+    return 0;
 }
 
 /* Write all of iov (two parts) at offset 0 (pwritev) or at the file
  * position (writev), finishing short writes.  0, or -1 with errno. */
-static int pm_write_all(int fd, struct iovec *iov, int count, int positioned)
+static int pm_write_all(int fd, struct iovec *iov, int count, int positioned, size_t unit)
 {
     off_t at = 0;
     for (;;) {
@@ -70,7 +123,7 @@ static int pm_write_all(int fd, struct iovec *iov, int count, int positioned)
             return -1;
         }
         struct iovec cut;
-        int parts = pm_io_count(iov, count, &cut);
+        int parts = pm_io_count(iov, count, &cut, unit);
         struct iovec *from = parts < 0 ? &cut : iov;
         parts = parts < 0 ? 1 : parts;
         ssize_t n = positioned ? pwritev(fd, from, parts, at) : writev(fd, from, parts);
@@ -128,7 +181,7 @@ static int pm_entry_place(const char *temp, const char *path, unsigned int flags
 
 PINMEM_API int pinmem_entry_write(const char *temp, const char *path, const void *header,
                                   size_t header_len, const void *data, size_t data_len,
-                                  unsigned int flags, int *outcome)
+                                  unsigned int flags, int *outcome, pinmem_entry_stamp *stamp)
 {
     if (temp == NULL || path == NULL || outcome == NULL)
         return pm_fail(PINMEM_EINVAL, 0, "pinmem_entry_write: temp, path and outcome must "
@@ -142,6 +195,8 @@ PINMEM_API int pinmem_entry_write(const char *temp, const char *path, const void
         return pm_fail(PINMEM_EINVAL, 0, "pinmem_entry_write: %zu + %zu bytes overflow a file "
                                          "size", header_len, data_len);
     *outcome = PINMEM_ENTRY_SPARE_UNUSABLE;
+    if (stamp != NULL)
+        memset(stamp, 0, sizeof *stamp);
     size_t total = header_len + data_len;
     int spare = (flags & PINMEM_ENTRY_SPARE) != 0;
     int fd;
@@ -164,10 +219,16 @@ PINMEM_API int pinmem_entry_write(const char *temp, const char *path, const void
         if (fd < 0)
             return pm_fail(PINMEM_ESYS, errno, "open(%.200s, O_CREAT | O_EXCL) failed", temp);
     }
+    void *aligned = NULL;
+    int direct = (flags & PINMEM_ENTRY_DIRECT) && pm_direct_ok(data, data_len, header_len) &&
+                 pm_go_direct(fd, header_len, &aligned);
+    if (aligned != NULL)
+        memcpy(aligned, header, header_len);
     pm_entry_hook(PINMEM_HOOK_WRITE_BEFORE_DATA);
-    struct iovec iov[2] = {{(void *)header, header_len}, {(void *)data, data_len}};
+    struct iovec iov[2] = {{aligned != NULL ? aligned : (void *)header, header_len},
+                           {(void *)data, data_len}};
     const char *step = "write";
-    int failed = pm_write_all(fd, iov, 2, spare) != 0;
+    int failed = pm_write_all(fd, iov, 2, spare, direct ? PINMEM_ENTRY_ALIGN : PM_SHORT_IO) != 0;
     if (!failed && spare && (uint64_t)st.st_size != (uint64_t)total) {
         step = "ftruncate";
         failed = ftruncate(fd, (off_t)total) != 0;
@@ -176,7 +237,15 @@ PINMEM_API int pinmem_entry_write(const char *temp, const char *path, const void
         step = "fsync";
         failed = fsync(fd) != 0;
     }
+    /* The stamp is taken before the rename, which leaves size and mtime as they are. */
+    if (!failed && stamp != NULL) {
+        step = "fstat";
+        failed = fstat(fd, &st) != 0;
+        if (!failed)
+            pm_stamp(stamp, &st, direct);
+    }
     int err = errno;
+    free(aligned);
     /* The file is closed (dropping a spare's lock) only after the rename. */
     if (!failed && pm_fault(PINMEM_FAULT_ENTRY_DIE_BEFORE_RENAME))
         raise(SIGKILL); /* a writer that crashes between its write and its rename */
@@ -194,16 +263,47 @@ PINMEM_API int pinmem_entry_write(const char *temp, const char *path, const void
     return PINMEM_OK;
 }
 
+/* Read header then data (and, buffered, one byte more) from offset 0,
+ * finishing short reads; *done counts the bytes read.  0, or -1 with errno. */
+static int pm_read_all(int fd, struct iovec *part, int count, size_t unit, uint64_t *done)
+{
+    *done = 0;
+    for (;;) {
+        pm_iov_advance(&part, &count, 0);
+        if (count == 0)
+            return 0;
+        struct iovec cut;
+        int parts = pm_io_count(part, count, &cut, unit);
+        ssize_t n = parts < 0 ? preadv(fd, &cut, 1, (off_t)*done)
+                              : preadv(fd, part, parts, (off_t)*done);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return -1;
+        }
+        if (n == 0)
+            return 0; /* end of file */
+        *done += (uint64_t)n;
+        pm_iov_advance(&part, &count, (size_t)n);
+    }
+}
+
 PINMEM_API int pinmem_entry_read(const char *path, void *header, size_t header_len, void *data,
-                                 size_t data_len, int *outcome, uint64_t *nread)
+                                 size_t data_len, unsigned int flags, int *outcome,
+                                 uint64_t *nread, pinmem_entry_stamp *stamp)
 {
     if (path == NULL || outcome == NULL || nread == NULL)
         return pm_fail(PINMEM_EINVAL, 0, "pinmem_entry_read: path, outcome and nread must not "
                                          "be NULL");
     if ((header_len > 0 && header == NULL) || (data_len > 0 && data == NULL))
         return pm_fail(PINMEM_EINVAL, 0, "pinmem_entry_read: a NULL buffer with a length > 0");
+    if (flags & ~PINMEM_ENTRY_DIRECT)
+        return pm_fail(PINMEM_EINVAL, 0, "pinmem_entry_read: unknown flags 0x%x (known: 0x%x)",
+                       flags & ~PINMEM_ENTRY_DIRECT, PINMEM_ENTRY_DIRECT);
     *outcome = PINMEM_ENTRY_REFUSED;
     *nread = 0;
+    if (stamp != NULL)
+        memset(stamp, 0, sizeof *stamp);
     for (int tries = 0; tries < PM_ENTRY_OPEN_TRIES; tries++) {
         int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
         if (fd < 0) {
@@ -251,36 +351,82 @@ PINMEM_API int pinmem_entry_read(const char *path, void *header, size_t header_l
             close(fd);
             continue;
         }
-        /* One byte more than asked: reading it means trailing bytes. */
+        /* O_DIRECT only for a file of exactly the size asked (it cannot read
+         * the one byte more that finds trailing bytes, nor go on from an
+         * unaligned end of file): any other file is read buffered, and the
+         * caller's checks say what is wrong with it. */
+        void *aligned = NULL;
+        int direct = (flags & PINMEM_ENTRY_DIRECT) && pm_direct_ok(data, data_len, header_len) &&
+                     (uint64_t)st.st_size == (uint64_t)header_len + data_len &&
+                     pm_go_direct(fd, header_len, &aligned);
         char extra;
-        struct iovec iov[3] = {{header, header_len}, {data, data_len}, {&extra, 1}};
-        struct iovec *part = iov;
-        int count = 3;
+        struct iovec iov[3] = {{aligned != NULL ? aligned : header, header_len},
+                               {data, data_len},
+                               {&extra, 1}};
         uint64_t done = 0;
-        for (;;) {
-            pm_iov_advance(&part, &count, 0);
-            if (count == 0)
-                break;
-            struct iovec cut;
-            int parts = pm_io_count(part, count, &cut);
-            ssize_t n = parts < 0 ? preadv(fd, &cut, 1, (off_t)done)
-                                  : preadv(fd, part, parts, (off_t)done);
-            if (n < 0) {
-                if (errno == EINTR)
-                    continue;
-                int err = errno;
-                close(fd);
-                return pm_fail(PINMEM_ESYS, err, "read of %.200s failed", path);
-            }
-            if (n == 0)
-                break; /* end of file */
-            done += (uint64_t)n;
-            pm_iov_advance(&part, &count, (size_t)n);
-        }
+        int failed = pm_read_all(fd, iov, direct ? 2 : 3,
+                                 direct ? PINMEM_ENTRY_ALIGN : PM_SHORT_IO, &done) != 0;
+        int err = errno;
         close(fd);
+        if (aligned != NULL) {
+            if (!failed)
+                memcpy(header, aligned, done < header_len ? (size_t)done : header_len);
+            free(aligned);
+        }
+        if (failed)
+            return pm_fail(PINMEM_ESYS, err, "read of %.200s failed", path);
+        pm_stamp(stamp, &st, direct);
         *outcome = PINMEM_ENTRY_READ;
         *nread = done;
         return PINMEM_OK;
     }
     return PINMEM_OK; /* replaced at every try: refused, the caller reports it */
+}
+
+PINMEM_API int pinmem_entry_evict(const char *path, const char *temp,
+                                  const pinmem_entry_stamp *expected, unsigned int flags,
+                                  int *outcome)
+{
+    if (path == NULL || temp == NULL || expected == NULL || outcome == NULL)
+        return pm_fail(PINMEM_EINVAL, 0, "pinmem_entry_evict: path, temp, expected and outcome "
+                                         "must not be NULL");
+    if (flags & ~PINMEM_ENTRY_KEEP)
+        return pm_fail(PINMEM_EINVAL, 0, "pinmem_entry_evict: unknown flags 0x%x (known: 0x%x)",
+                       flags & ~PINMEM_ENTRY_KEEP, PINMEM_ENTRY_KEEP);
+    *outcome = PINMEM_ENTRY_GONE;
+    /* The file leaves the entry's name first, atomically: what is then
+     * checked at temp is what the name held, and no put can slip in
+     * between the check and the removal. */
+    if (rename(path, temp) != 0) {
+        if (errno == ENOENT)
+            return PINMEM_OK;
+        return pm_fail(PINMEM_ESYS, errno, "rename of %.200s (to evict it) failed", path);
+    }
+    struct stat st;
+    if (fstatat(AT_FDCWD, temp, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode) &&
+        (uint64_t)st.st_ino == expected->inode && pm_mtime_ns(&st) == expected->mtime_ns &&
+        (uint64_t)st.st_size == expected->size) {
+        *outcome = PINMEM_ENTRY_EVICTED;
+        if (!(flags & PINMEM_ENTRY_KEEP) && unlink(temp) != 0)
+            return pm_fail(PINMEM_ESYS, errno, "unlink of %.200s (evicted) failed", temp);
+        return PINMEM_OK;
+    }
+    /* Another file than the one expected: written since by someone else.
+     * It goes back under its name, unless a newer one took the name
+     * meanwhile (then the one held here is the older, replaced one). */
+    *outcome = PINMEM_ENTRY_CHANGED;
+    if (pm_renameat2(AT_FDCWD, temp, AT_FDCWD, path, RENAME_NOREPLACE) == 0)
+        return PINMEM_OK;
+    int err = errno;
+    if (err == EEXIST) {
+        unlink(temp); /* fails only for a directory planted at path: left at temp */
+        return PINMEM_OK;
+    }
+    if (err == EINVAL || err == ENOSYS) {
+        /* No RENAME_NOREPLACE on this file system: a plain rename back. */
+        if (rename(temp, path) == 0)
+            return PINMEM_OK;
+        err = errno;
+    }
+    return pm_fail(PINMEM_ESYS, err, "rename of %.200s back to %.200s failed", temp, path);
 }

@@ -55,7 +55,7 @@ extern "C" {
 
 /* PINMEM_CDEF_BEGIN */
 
-#define PINMEM_VERSION 6
+#define PINMEM_VERSION 7
 #define PINMEM_MAX_NUMA_NODES 1024
 #define PINMEM_MAX_HUGEPAGE_SIZES 8
 #define PINMEM_PATH_MAX 512
@@ -618,20 +618,27 @@ PINMEM_API int pinmem_option_check(void);
  * PINMEM_EBUSY while CUDA-pinned mappings (or CUDA commits) are live. */
 PINMEM_API int pinmem_cuda_reload(const char *path);
 
-/* ---- Entry files: one FileStore put or get in one call ----
+/* ---- Entry files: one FileStore put, get or eviction in one call ----
  *
  * kvpool's FileStore keeps one file per entry (a header, then the bytes).
- * These two calls make the system calls of one put and of one get, so
- * that a put or a get costs what bare pwritev/preadv cost, plus only the
- * checks that keep it safe.  An entry is only ever a regular file with one
- * link owned by this user, opened with O_NOFOLLOW | O_NONBLOCK: a symlink,
- * FIFO, device, directory, hard link or another user's file is never
- * written, and never read. */
+ * These calls make the system calls of one put, one get and one eviction,
+ * so that a put or a get costs what bare pwritev/preadv cost, plus only
+ * the checks that keep it safe.  An entry is only ever a regular file with
+ * one link owned by this user, opened with O_NOFOLLOW | O_NONBLOCK: a
+ * symlink, FIFO, device, directory, hard link or another user's file is
+ * never written, and never read. */
 
-/* pinmem_entry_write flags. */
+/* pinmem_entry_write flags (PINMEM_ENTRY_DIRECT: pinmem_entry_read's too). */
 #define PINMEM_ENTRY_SPARE 1u    /* temp names a spare to overwrite, else temp is created (O_EXCL) */
 #define PINMEM_ENTRY_EXCHANGE 2u /* replace an existing entry by renameat2(RENAME_EXCHANGE) */
 #define PINMEM_ENTRY_SYNC 4u     /* fsync the file before it gets the entry's name */
+#define PINMEM_ENTRY_DIRECT 8u   /* move the bytes with O_DIRECT (page cache bypassed) when
+                                  * the data's address and length and the header's length
+                                  * are multiples of PINMEM_ENTRY_ALIGN; else buffered */
+/* pinmem_entry_evict flag. */
+#define PINMEM_ENTRY_KEEP 16u /* leave the evicted file at temp (a spare) instead of unlinking it */
+/* The alignment PINMEM_ENTRY_DIRECT needs (every file system's O_DIRECT unit fits in it). */
+#define PINMEM_ENTRY_ALIGN 4096
 
 /* How pinmem_entry_write left the names (its *outcome). */
 typedef enum pinmem_entry_outcome {
@@ -654,6 +661,22 @@ typedef enum pinmem_entry_found {
                                * was replaced at every try: nothing was read */
 } pinmem_entry_found;
 
+/* What pinmem_entry_evict did (its *outcome). */
+typedef enum pinmem_entry_evicted {
+    PINMEM_ENTRY_EVICTED = 0, /* the expected file left path (unlinked, or at temp) */
+    PINMEM_ENTRY_GONE = 1,    /* nothing was at path */
+    PINMEM_ENTRY_CHANGED = 2  /* path held another file (written since): left there */
+} pinmem_entry_evicted;
+
+/* Which file an entry call wrote or read: its identity when the call
+ * ended, and how its bytes moved. */
+typedef struct pinmem_entry_stamp {
+    uint64_t inode;   /* st_ino */
+    int64_t mtime_ns; /* st_mtim, in nanoseconds */
+    uint64_t size;    /* st_size */
+    int direct;       /* 1 when the bytes moved with O_DIRECT, 0 buffered */
+} pinmem_entry_stamp;
+
 /* Write header then data (one pwritev/writev, short writes finished) into
  * the file temp and give it the name path atomically: a reader sees the
  * old entry or the new one, never part of one.
@@ -668,25 +691,49 @@ typedef enum pinmem_entry_found {
  *     (PINMEM_ENTRY_SWAPPED); a missing path gets a rename.
  *   - flags & PINMEM_ENTRY_SYNC: fsync before the rename (the directory's
  *     fsync is the caller's).
- * After the call temp exists only when *outcome is PINMEM_ENTRY_SWAPPED
- * (any other name at temp is unlinked; the file it named is not touched).
- * PINMEM_ESYS (with pinmem_last_errno) when a create, write, truncate,
- * fsync or rename fails; PINMEM_EINVAL for NULLs, unknown flags or sizes
- * beyond a file's. */
+ *   - flags & PINMEM_ENTRY_DIRECT: O_DIRECT when aligned (see the flag; the
+ *     header is copied to an aligned buffer); a file system that refuses
+ *     O_DIRECT, or unaligned bytes, are written buffered.
+ * stamp (may be NULL) receives the written file's identity and whether
+ * O_DIRECT was used.  After the call temp exists only when *outcome is
+ * PINMEM_ENTRY_SWAPPED (any other name at temp is unlinked; the file it
+ * named is not touched).  PINMEM_ESYS (with pinmem_last_errno) when a
+ * create, write, truncate, fsync, stat or rename fails; PINMEM_EINVAL for
+ * NULLs, unknown flags or sizes beyond a file's. */
 PINMEM_API int pinmem_entry_write(const char *temp, const char *path, const void *header,
                                   size_t header_len, const void *data, size_t data_len,
-                                  unsigned int flags, int *outcome);
+                                  unsigned int flags, int *outcome, pinmem_entry_stamp *stamp);
 
 /* Read the entry at path into header (header_len bytes) then data
  * (data_len bytes), plus one byte more to detect trailing bytes, safely
  * against concurrent puts: open, check the file is an entry-kind file,
  * flock(LOCK_SH), check the name still refers to it (else open it again,
  * up to 100 times), one preadv.  *nread counts every byte read (header +
- * data + 1 means trailing bytes; fewer means a short file).  The caller
- * checks the header.  PINMEM_ESYS for an open, stat, lock or read the OS
- * refused for another reason (EACCES, EIO...). */
+ * data + 1 means trailing bytes; fewer means a short file).  flags:
+ * PINMEM_ENTRY_DIRECT reads with O_DIRECT when aligned (as for writes) and
+ * the file is exactly header_len + data_len bytes long (no byte more is
+ * then read: there is none); any other file is read buffered.  stamp (may
+ * be NULL) receives the identity of the file read.  The caller checks the
+ * header.  PINMEM_ESYS for an open, stat, lock or read the OS refused for
+ * another reason (EACCES, EIO...); PINMEM_EINVAL for NULLs or unknown flags. */
 PINMEM_API int pinmem_entry_read(const char *path, void *header, size_t header_len, void *data,
-                                 size_t data_len, int *outcome, uint64_t *nread);
+                                 size_t data_len, unsigned int flags, int *outcome,
+                                 uint64_t *nread, pinmem_entry_stamp *stamp);
+
+/* Evict the entry at path if it is still the file expected describes
+ * (inode, mtime and size, as a write's or a stat's stamp gave them): the
+ * file is renamed to temp (a new name), checked there, then unlinked - or,
+ * with PINMEM_ENTRY_KEEP, left at temp as a spare.  A file written since
+ * (by another process) goes back under path with
+ * renameat2(RENAME_NOREPLACE), or is dropped if a newer one took the name
+ * meanwhile: an eviction never removes an entry newer than the one
+ * expected.  A reader that opened the file reads it whole (a reader
+ * opening path meanwhile finds no entry).  *outcome: pinmem_entry_evicted.
+ * PINMEM_ESYS when a rename or unlink fails; PINMEM_EINVAL for NULLs or
+ * unknown flags. */
+PINMEM_API int pinmem_entry_evict(const char *path, const char *temp,
+                                  const pinmem_entry_stamp *expected, unsigned int flags,
+                                  int *outcome);
 
 /* PINMEM_CDEF_END */
 

@@ -1,4 +1,4 @@
-"""libpinmem's entry-file calls: one FileStore put or get in one C call.
+"""libpinmem's entry-file calls: one FileStore put, get or eviction in one C call.
 
 A put of a 512 KiB chunk to tmpfs is about 130 us of kernel copy; done
 from Python it also paid 15-18 us of interpreter work (measured against
@@ -8,7 +8,13 @@ the same calls made bare from Python) around its seven system calls
 GIL released: each ran at 0.96-0.97x bare ``pwritev``/``preadv`` on the
 development VM, the difference being the system calls that keep an entry
 atomic and safe against hostile files (see ``pinmem_entry_write`` and
-``pinmem_entry_read`` in pinmem.h).
+``pinmem_entry_read`` in pinmem.h).  :func:`evict_entry` removes an entry
+only if it is still the file a store recorded (a bounded FileStore's
+eviction), in one call too.
+
+Each call can say which file it wrote or read (a :class:`Stamp`: inode,
+mtime, size, and whether the bytes moved with ``O_DIRECT``): pass a stamp
+from :func:`new_stamp` and read it after the call.
 
 These are internal fast paths for :mod:`kvpool.remote.file.store`, which
 checks every argument before it calls them; they check only what C needs
@@ -20,12 +26,18 @@ did, so the store reports it the same way.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
 from kvpool.native.loader import check, ffi, lib
 
 __all__ = [
+    "ALIGN",
+    "CHANGED",
+    "DIRECT",
+    "EVICTED",
     "EXCHANGE",
+    "GONE",
+    "KEEP",
     "MISSING",
     "READ",
     "RENAMED",
@@ -34,14 +46,23 @@ __all__ = [
     "SPARE_UNUSABLE",
     "SWAPPED",
     "SYNC",
+    "Stamp",
+    "evict_entry",
+    "new_stamp",
     "read_entry",
+    "stamp_of",
     "write_entry",
 ]
 
-#: ``write_entry`` flags (``PINMEM_ENTRY_*``).
+#: ``write_entry`` flags (``PINMEM_ENTRY_*``); :data:`DIRECT` is ``read_entry``'s too.
 SPARE: int = lib.PINMEM_ENTRY_SPARE
 EXCHANGE: int = lib.PINMEM_ENTRY_EXCHANGE
 SYNC: int = lib.PINMEM_ENTRY_SYNC
+DIRECT: int = lib.PINMEM_ENTRY_DIRECT
+#: ``evict_entry`` flag: keep the evicted file at its temporary name (a spare).
+KEEP: int = lib.PINMEM_ENTRY_KEEP
+#: What :data:`DIRECT` needs aligned: the data's address and length, the header's length.
+ALIGN: int = lib.PINMEM_ENTRY_ALIGN
 #: ``write_entry`` outcomes.
 RENAMED: int = lib.PINMEM_ENTRY_RENAMED
 SWAPPED: int = lib.PINMEM_ENTRY_SWAPPED
@@ -50,13 +71,43 @@ SPARE_UNUSABLE: int = lib.PINMEM_ENTRY_SPARE_UNUSABLE
 #: ``read_entry`` outcomes (anything else: refused, see :func:`read_entry`).
 READ: int = lib.PINMEM_ENTRY_READ
 MISSING: int = lib.PINMEM_ENTRY_MISSING
+#: ``evict_entry`` outcomes.
+EVICTED: int = lib.PINMEM_ENTRY_EVICTED
+GONE: int = lib.PINMEM_ENTRY_GONE
+CHANGED: int = lib.PINMEM_ENTRY_CHANGED
 
 _OK = lib.PINMEM_OK
 _ESYS = lib.PINMEM_ESYS
 _write = lib.pinmem_entry_write
 _read = lib.pinmem_entry_read
+_evict = lib.pinmem_entry_evict
 _new = ffi.new
 _from_buffer = ffi.from_buffer
+_NULL = ffi.NULL
+
+
+class Stamp(NamedTuple):
+    """Which file an entry is: what a bounded store records to evict only that file.
+
+    Attributes:
+        inode: its inode number.
+        mtime_ns: its modification time, in nanoseconds.
+        size: its size in bytes.
+    """
+
+    inode: int
+    mtime_ns: int
+    size: int
+
+
+def new_stamp() -> Any:
+    """A C ``pinmem_entry_stamp`` for one call to fill (see :func:`stamp_of`)."""
+    return _new("pinmem_entry_stamp *")
+
+
+def stamp_of(c_stamp: Any) -> Stamp:
+    """The :class:`Stamp` a call left in ``c_stamp`` (from :func:`new_stamp`)."""
+    return Stamp(int(c_stamp.inode), int(c_stamp.mtime_ns), int(c_stamp.size))
 
 
 def _raise(status: int, what: str) -> None:
@@ -67,7 +118,9 @@ def _raise(status: int, what: str) -> None:
     check(status, what)
 
 
-def write_entry(temp: bytes, path: bytes, header: bytes, data: Any, flags: int) -> int:
+def write_entry(
+    temp: bytes, path: bytes, header: bytes, data: Any, flags: int, stamp: Any = None
+) -> int:
     """Write ``header`` + ``data`` to ``temp`` and give it the name ``path`` atomically.
 
     Args:
@@ -77,7 +130,10 @@ def write_entry(temp: bytes, path: bytes, header: bytes, data: Any, flags: int) 
         header: the entry's header.
         data: the payload, any C-contiguous buffer (a memoryview of a
             pool object's bytes: the kernel copies from pool memory).
-        flags: :data:`SPARE`, :data:`EXCHANGE`, :data:`SYNC` or'ed.
+        flags: :data:`SPARE`, :data:`EXCHANGE`, :data:`SYNC`,
+            :data:`DIRECT` or'ed.
+        stamp: None, or a :func:`new_stamp` that receives the written
+            file's identity and whether ``O_DIRECT`` was used (its ``direct``).
 
     Returns:
         The outcome: :data:`RENAMED`, :data:`SWAPPED` (``temp`` now names
@@ -86,24 +142,30 @@ def write_entry(temp: bytes, path: bytes, header: bytes, data: Any, flags: int) 
         afterwards only after :data:`SWAPPED`.
 
     Raises:
-        OSError: a create, write, truncate, fsync or rename failed (errno).
+        OSError: a create, write, truncate, fsync, stat or rename failed (errno).
         InvalidArgumentError: sizes beyond a file's.
     """
     out = _new("int *")
     buf = _from_buffer(data)
-    status = _write(temp, path, header, len(header), buf, len(buf), flags, out)
+    into = _NULL if stamp is None else stamp
+    status = _write(temp, path, header, len(header), buf, len(buf), flags, out, into)
     if status != _OK:
         _raise(status, "write an entry")
     return int(out[0])
 
 
-def read_entry(path: bytes, header: bytearray, data: Any) -> tuple[int, int]:
+def read_entry(
+    path: bytes, header: bytearray, data: Any, flags: int = 0, stamp: Any = None
+) -> tuple[int, int]:
     """Read the entry at ``path`` into ``header`` then ``data`` (one more byte: trailing data).
 
     Args:
         path: the entry's file.
         header: receives the first ``len(header)`` bytes.
         data: a writable buffer that receives the next ``len(data)`` bytes.
+        flags: 0, or :data:`DIRECT` (``O_DIRECT`` when aligned and the file
+            is exactly as long as asked; no trailing byte is read then).
+        stamp: None, or a :func:`new_stamp` for the identity of the file read.
 
     Returns:
         ``(outcome, nread)``: :data:`READ` with the bytes read (header +
@@ -118,7 +180,35 @@ def read_entry(path: bytes, header: bytearray, data: Any) -> tuple[int, int]:
     nread = _new("uint64_t *")
     hbuf = _from_buffer(header, require_writable=True)
     dbuf = _from_buffer(data, require_writable=True)
-    status = _read(path, hbuf, len(hbuf), dbuf, len(dbuf), outcome, nread)
+    into = _NULL if stamp is None else stamp
+    status = _read(path, hbuf, len(hbuf), dbuf, len(dbuf), flags, outcome, nread, into)
     if status != _OK:
         _raise(status, "read an entry")
     return int(outcome[0]), int(nread[0])
+
+
+def evict_entry(path: bytes, temp: bytes, expected: Stamp, keep: bool) -> int:
+    """Remove the entry at ``path`` if it is still the file ``expected`` describes.
+
+    Args:
+        path: the entry's file.
+        temp: a new temporary name in the same directory (the file goes
+            there first, to be checked).
+        expected: the file's stamp, as a write or a stat recorded it.
+        keep: leave the evicted file at ``temp`` (a spare) instead of unlinking it.
+
+    Returns:
+        :data:`EVICTED` (gone from ``path``; at ``temp`` with ``keep``),
+        :data:`GONE` (nothing was at ``path``) or :data:`CHANGED` (another
+        file, written since, is left at ``path``).
+
+    Raises:
+        OSError: a rename or unlink failed (errno).
+    """
+    want = _new("pinmem_entry_stamp *")
+    want.inode, want.mtime_ns, want.size = expected
+    outcome = _new("int *")
+    status = _evict(path, temp, want, KEEP if keep else 0, outcome)
+    if status != _OK:
+        _raise(status, "evict an entry")
+    return int(outcome[0])

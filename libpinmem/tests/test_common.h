@@ -30,6 +30,9 @@ size_t resident_range(void *addr, size_t len);
 size_t live_count(void);
 double now_s(void);
 
+/* test_entry.c (O_DIRECT entries, stamps, evictions) */
+void test_entry_files(void);
+
 /* test_register.c */
 void test_register_plan(void);
 /* With the fake runtime loaded (h: its dlopen handle, already reloaded). */

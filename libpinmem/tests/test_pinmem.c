@@ -1295,34 +1295,34 @@ static void test_entries(void)
 
     /* A new entry: created at temp, renamed onto the entry's name. */
     CHECK(pinmem_entry_write(temp, entry, "HDR:", 4, "payload1", 8, PINMEM_ENTRY_EXCHANGE,
-                             &outcome) == PINMEM_OK, "write a new entry");
+                             &outcome, NULL) == PINMEM_OK, "write a new entry");
     CHECK(outcome == PINMEM_ENTRY_RENAMED, "outcome %d", outcome);
     CHECK(strcmp(entry_text(entry), "HDR:payload1") == 0, "entry holds '%s'", entry_text(entry));
     CHECK(access(temp, F_OK) != 0, "temp is gone after a rename");
     /* Replacing it by exchange keeps the old file at temp: a spare. */
     CHECK(pinmem_entry_write(temp, entry, "HDR:", 4, "payload2", 8, PINMEM_ENTRY_EXCHANGE,
-                             &outcome) == PINMEM_OK && outcome == PINMEM_ENTRY_SWAPPED,
+                             &outcome, NULL) == PINMEM_OK && outcome == PINMEM_ENTRY_SWAPPED,
           "exchange: outcome %d", outcome);
     CHECK(strcmp(entry_text(temp), "HDR:payload1") == 0, "spare holds '%s'", entry_text(temp));
     /* The spare is rewritten (and truncated to the shorter entry), then swapped in. */
     CHECK(pinmem_entry_write(temp, entry, "H:", 2, "p3", 2,
-                             PINMEM_ENTRY_SPARE | PINMEM_ENTRY_EXCHANGE, &outcome) == PINMEM_OK &&
+                             PINMEM_ENTRY_SPARE | PINMEM_ENTRY_EXCHANGE, &outcome, NULL) == PINMEM_OK &&
               outcome == PINMEM_ENTRY_SWAPPED,
           "spare rewrite: outcome %d", outcome);
     CHECK(strcmp(entry_text(entry), "H:p3") == 0, "entry holds '%s'", entry_text(entry));
     CHECK(strcmp(entry_text(temp), "HDR:payload2") == 0, "spare holds '%s'", entry_text(temp));
 
     /* Reads: exact, missing, trailing bytes, short. */
-    CHECK(pinmem_entry_read(entry, head, 2, data, 2, &outcome, &nread) == PINMEM_OK &&
+    CHECK(pinmem_entry_read(entry, head, 2, data, 2, 0, &outcome, &nread, NULL) == PINMEM_OK &&
               outcome == PINMEM_ENTRY_READ && nread == 4 && memcmp(data, "p3", 2) == 0,
           "read: outcome %d nread %llu", outcome, (unsigned long long)nread);
-    CHECK(pinmem_entry_read(outside, head, 2, data, 2, &outcome, &nread) == PINMEM_OK &&
+    CHECK(pinmem_entry_read(outside, head, 2, data, 2, 0, &outcome, &nread, NULL) == PINMEM_OK &&
               outcome == PINMEM_ENTRY_MISSING,
           "missing: outcome %d", outcome);
-    CHECK(pinmem_entry_read(entry, head, 2, data, 1, &outcome, &nread) == PINMEM_OK &&
+    CHECK(pinmem_entry_read(entry, head, 2, data, 1, 0, &outcome, &nread, NULL) == PINMEM_OK &&
               nread == 4,
           "one trailing byte is read and counted: nread %llu", (unsigned long long)nread);
-    CHECK(pinmem_entry_read(entry, head, 4, data, 8, &outcome, &nread) == PINMEM_OK &&
+    CHECK(pinmem_entry_read(entry, head, 4, data, 8, 0, &outcome, &nread, NULL) == PINMEM_OK &&
               nread == 4,
           "short file: nread %llu", (unsigned long long)nread);
 
@@ -1331,19 +1331,19 @@ static void test_entries(void)
     unlink(temp);
     CHECK(link(outside, temp) == 0, "hard link: %s", strerror(errno));
     CHECK(pinmem_entry_write(temp, entry, "H:", 2, "xx", 2,
-                             PINMEM_ENTRY_SPARE | PINMEM_ENTRY_EXCHANGE, &outcome) == PINMEM_OK &&
+                             PINMEM_ENTRY_SPARE | PINMEM_ENTRY_EXCHANGE, &outcome, NULL) == PINMEM_OK &&
               outcome == PINMEM_ENTRY_SPARE_UNUSABLE,
           "hard-linked spare: outcome %d", outcome);
     CHECK(strcmp(entry_text(outside), "keep me") == 0, "outside file untouched");
     CHECK(access(temp, F_OK) != 0, "the hard-linked spare's name is removed");
     CHECK(symlink(outside, temp) == 0, "symlink: %s", strerror(errno));
     CHECK(pinmem_entry_write(temp, entry, "H:", 2, "xx", 2,
-                             PINMEM_ENTRY_SPARE | PINMEM_ENTRY_EXCHANGE, &outcome) == PINMEM_OK &&
+                             PINMEM_ENTRY_SPARE | PINMEM_ENTRY_EXCHANGE, &outcome, NULL) == PINMEM_OK &&
               outcome == PINMEM_ENTRY_SPARE_UNUSABLE,
           "symlinked spare: outcome %d", outcome);
     CHECK(strcmp(entry_text(outside), "keep me") == 0, "symlink target untouched");
     CHECK(pinmem_entry_write(temp, entry, "H:", 2, "xx", 2,
-                             PINMEM_ENTRY_SPARE | PINMEM_ENTRY_EXCHANGE, &outcome) == PINMEM_OK &&
+                             PINMEM_ENTRY_SPARE | PINMEM_ENTRY_EXCHANGE, &outcome, NULL) == PINMEM_OK &&
               outcome == PINMEM_ENTRY_SPARE_UNUSABLE,
           "missing spare: outcome %d", outcome);
     /* A spare a reader still has locked is not rewritten. */
@@ -1351,7 +1351,7 @@ static void test_entries(void)
     int reader = open(temp, O_RDONLY);
     CHECK(reader >= 0 && flock(reader, LOCK_SH) == 0, "reader lock");
     CHECK(pinmem_entry_write(temp, entry, "H:", 2, "xx", 2,
-                             PINMEM_ENTRY_SPARE | PINMEM_ENTRY_EXCHANGE, &outcome) == PINMEM_OK &&
+                             PINMEM_ENTRY_SPARE | PINMEM_ENTRY_EXCHANGE, &outcome, NULL) == PINMEM_OK &&
               outcome == PINMEM_ENTRY_SPARE_UNUSABLE,
           "locked spare: outcome %d", outcome);
     if (reader >= 0) {
@@ -1364,19 +1364,19 @@ static void test_entries(void)
 
     /* Reads refuse what is not an entry, without blocking. */
     CHECK(mkfifo(fifo, 0600) == 0, "mkfifo: %s", strerror(errno));
-    CHECK(pinmem_entry_read(fifo, head, 2, data, 2, &outcome, &nread) == PINMEM_OK &&
+    CHECK(pinmem_entry_read(fifo, head, 2, data, 2, 0, &outcome, &nread, NULL) == PINMEM_OK &&
               outcome == PINMEM_ENTRY_REFUSED,
           "FIFO: outcome %d", outcome);
     CHECK(symlink(entry, link_name) == 0, "symlink: %s", strerror(errno));
-    CHECK(pinmem_entry_read(link_name, head, 2, data, 2, &outcome, &nread) == PINMEM_OK &&
+    CHECK(pinmem_entry_read(link_name, head, 2, data, 2, 0, &outcome, &nread, NULL) == PINMEM_OK &&
               outcome == PINMEM_ENTRY_REFUSED,
           "symlink: outcome %d", outcome);
-    CHECK(pinmem_entry_read(dir, head, 2, data, 2, &outcome, &nread) == PINMEM_OK &&
+    CHECK(pinmem_entry_read(dir, head, 2, data, 2, 0, &outcome, &nread, NULL) == PINMEM_OK &&
               outcome == PINMEM_ENTRY_REFUSED,
           "directory: outcome %d", outcome);
     unlink(link_name);
     CHECK(link(entry, link_name) == 0, "hard link: %s", strerror(errno));
-    CHECK(pinmem_entry_read(entry, head, 2, data, 2, &outcome, &nread) == PINMEM_OK &&
+    CHECK(pinmem_entry_read(entry, head, 2, data, 2, 0, &outcome, &nread, NULL) == PINMEM_OK &&
               outcome == PINMEM_ENTRY_REFUSED,
           "hard-linked entry: outcome %d", outcome);
     unlink(link_name);
@@ -1388,21 +1388,21 @@ static void test_entries(void)
         big[i] = (char)(i * 7);
     pinmem_test_set_fault(PINMEM_FAULT_SHORT_IO, 1);
     CHECK(pinmem_entry_write(temp, entry, "HDR:", 4, big, sizeof big, PINMEM_ENTRY_EXCHANGE,
-                             &outcome) == PINMEM_OK && outcome == PINMEM_ENTRY_SWAPPED,
+                             &outcome, NULL) == PINMEM_OK && outcome == PINMEM_ENTRY_SWAPPED,
           "short writes: outcome %d", outcome);
-    CHECK(pinmem_entry_read(entry, head, 4, back, sizeof back, &outcome, &nread) == PINMEM_OK &&
+    CHECK(pinmem_entry_read(entry, head, 4, back, sizeof back, 0, &outcome, &nread, NULL) == PINMEM_OK &&
               nread == 4 + sizeof big && memcmp(big, back, sizeof big) == 0,
           "short reads: nread %llu", (unsigned long long)nread);
     pinmem_test_set_fault(PINMEM_FAULT_SHORT_IO, 0);
     unlink(temp);
     pinmem_test_set_fault(PINMEM_FAULT_ENTRY_ENOSPC, 1);
-    CHECK(pinmem_entry_write(temp, entry, "H:", 2, "xx", 2, PINMEM_ENTRY_EXCHANGE, &outcome) ==
+    CHECK(pinmem_entry_write(temp, entry, "H:", 2, "xx", 2, PINMEM_ENTRY_EXCHANGE, &outcome, NULL) ==
                   PINMEM_ESYS &&
               pinmem_last_errno() == ENOSPC,
           "ENOSPC is reported");
     pinmem_test_set_fault(PINMEM_FAULT_ENTRY_ENOSPC, 0);
     CHECK(access(temp, F_OK) != 0, "the failed write's temp file is removed");
-    CHECK(pinmem_entry_read(entry, head, 4, back, sizeof back, &outcome, &nread) == PINMEM_OK &&
+    CHECK(pinmem_entry_read(entry, head, 4, back, sizeof back, 0, &outcome, &nread, NULL) == PINMEM_OK &&
               nread == 4 + sizeof big,
           "the entry is kept after a failed put");
 
@@ -1413,23 +1413,23 @@ static void test_entries(void)
     CHECK(pinmem_test_set_entry_hook(PINMEM_HOOK_READ_BEFORE_LOCK, count_entry_hook) ==
               PINMEM_OK, "set the read hook");
     for (int i = 0; i < 2; i++)
-        pinmem_entry_read(entry, head, 4, back, sizeof back, &outcome, &nread);
+        pinmem_entry_read(entry, head, 4, back, sizeof back, 0, &outcome, &nread, NULL);
     CHECK(entry_hook_calls == 1, "read hook ran %d times, not once", entry_hook_calls);
     pinmem_test_set_entry_hook(PINMEM_HOOK_WRITE_BEFORE_DATA, count_entry_hook);
-    CHECK(pinmem_entry_write(temp, entry, "H:", 2, "xx", 2, PINMEM_ENTRY_EXCHANGE, &outcome) ==
+    CHECK(pinmem_entry_write(temp, entry, "H:", 2, "xx", 2, PINMEM_ENTRY_EXCHANGE, &outcome, NULL) ==
                   PINMEM_OK && entry_hook_calls == 2,
           "write hook: %d calls", entry_hook_calls);
     CHECK(strcmp(entry_text(entry), "H:xx") == 0, "entry holds '%s'", entry_text(entry));
 
     /* Bad arguments. */
-    CHECK(pinmem_entry_write(NULL, entry, "", 0, "", 0, 0, &outcome) == PINMEM_EINVAL, "NULL temp");
-    CHECK(pinmem_entry_write(temp, entry, "", 0, "", 0, 8, &outcome) == PINMEM_EINVAL,
+    CHECK(pinmem_entry_write(NULL, entry, "", 0, "", 0, 0, &outcome, NULL) == PINMEM_EINVAL, "NULL temp");
+    CHECK(pinmem_entry_write(temp, entry, "", 0, "", 0, 64, &outcome, NULL) == PINMEM_EINVAL,
           "unknown flag");
-    CHECK(pinmem_entry_write(temp, entry, NULL, 4, "", 0, 0, &outcome) == PINMEM_EINVAL,
+    CHECK(pinmem_entry_write(temp, entry, NULL, 4, "", 0, 0, &outcome, NULL) == PINMEM_EINVAL,
           "NULL header with a length");
-    CHECK(pinmem_entry_read(entry, NULL, 4, data, 2, &outcome, &nread) == PINMEM_EINVAL,
+    CHECK(pinmem_entry_read(entry, NULL, 4, data, 2, 0, &outcome, &nread, NULL) == PINMEM_EINVAL,
           "NULL read buffer");
-    CHECK(pinmem_entry_read(NULL, head, 2, data, 2, &outcome, &nread) == PINMEM_EINVAL,
+    CHECK(pinmem_entry_read(NULL, head, 2, data, 2, 0, &outcome, &nread, NULL) == PINMEM_EINVAL,
           "NULL path");
 
     unlink(entry);
@@ -1473,6 +1473,7 @@ int main(int argc, char **argv)
     test_commit_hugetlb();
     test_commit_threads();
     test_entries();
+    test_entry_files();
     test_register_plan();
     test_cuda(fake);
     CHECK(live_count() == 0, "live mappings left: %zu", live_count());
