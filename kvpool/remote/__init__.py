@@ -47,12 +47,10 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
 from kvpool.checks import check_keywords, keywords_of, refuse_unknown_keywords_in
 from kvpool.errors import (
     CorruptEntryError,
-    InvalidArgumentError,
     ProtocolError,
     RemoteStoreError,
     StoreConnectionError,
@@ -61,7 +59,6 @@ from kvpool.errors import (
 from kvpool.remote.aiobase import AsyncRemoteStore
 from kvpool.remote.base import MAX_KEY_BYTES, Key, RemoteStore
 from kvpool.remote.cluster.aio import AsyncRedisClusterStore
-from kvpool.remote.cluster.nodes import SCHEMES as _CLUSTER_SCHEMES
 from kvpool.remote.cluster.store import RedisClusterStore
 from kvpool.remote.file.aio import AsyncFileStore
 from kvpool.remote.file.store import FileStore
@@ -69,8 +66,8 @@ from kvpool.remote.header import EntryInfo
 from kvpool.remote.mooncake.aio import AsyncMooncakeStore
 from kvpool.remote.mooncake.store import MooncakeStore
 from kvpool.remote.redis.aio import AsyncRedisStore
-from kvpool.remote.redis.config import redact_url
 from kvpool.remote.redis.store import RedisStore
+from kvpool.remote.urls import parse_spec
 
 __all__ = [
     "MAX_KEY_BYTES",
@@ -99,44 +96,13 @@ __all__ = [
 
 
 def _parse(spec: object) -> tuple[str, str]:
-    """``(kind, spec)`` of a store spec: ``file``, ``redis``, ``redis-cluster`` or ``mooncake``.
+    """``(kind, where)`` of a store spec, read by :func:`kvpool.remote.urls.parse_spec`.
 
     Raises:
         InvalidArgumentError: see :func:`open_store`.
     """
-    try:
-        text = os.fspath(spec)  # type: ignore[call-overload]
-    except TypeError:
-        raise InvalidArgumentError(f"a store spec must be a str, got {spec!r}") from None
-    if not isinstance(text, str) or not text.strip():
-        raise InvalidArgumentError(f"a store spec must be a non-empty str, got {spec!r}")
-    scheme = text.split("://", 1)[0].lower() if "://" in text else ""
-    if scheme == "":
-        return "file", text
-    if scheme == "file":
-        parts = urlsplit(text)
-        if parts.netloc not in ("", "localhost"):
-            raise InvalidArgumentError(
-                f"file URL {text!r} names host {parts.netloc!r}; use file:///absolute/path"
-            )
-        path = unquote(parts.path)
-        if not path:
-            raise InvalidArgumentError(f"file URL {text!r} has no path")
-        return "file", path
-    if scheme in ("redis", "rediss", "unix", "valkey", "valkeys"):
-        url = text
-        if scheme.startswith("valkey"):
-            url = "redis" + text[len("valkey") :]
-        return "redis", url
-    if scheme in _CLUSTER_SCHEMES:
-        return "redis-cluster", text
-    if scheme == "mooncake":
-        return "mooncake", text
-    raise InvalidArgumentError(
-        f"unknown store spec {redact_url(text)!r}: use a directory, file:///path, "
-        "redis://host:port/db, rediss://..., unix:///socket, redis-cluster://h1:p1,h2:p2, "
-        "or mooncake://master:port?metadata=URL"
-    )
+    parsed = parse_spec(spec)
+    return parsed.kind, parsed.where
 
 
 def _open(
@@ -179,9 +145,17 @@ def open_store(spec: str | os.PathLike[str], **options: Any) -> RemoteStore:
     Returns:
         The open store (close it, or use it in a ``with`` block).
 
+    A spec is read exactly (:mod:`kvpool.remote.urls`): an unknown scheme, a URL
+    written without ``://`` (``redis//h:p``, ``redis:h``) or a bare ``host:port``
+    is refused naming the spec meant, never taken as a directory; a Redis
+    database must be a number.  A directory store creates its directory when
+    the parent exists (``make_parents=True`` creates missing parents too).
+
     Raises:
-        InvalidArgumentError: an empty spec, an unknown scheme, or a
-            ``file:`` URL with a host.
+        InvalidArgumentError: an empty spec, an unknown scheme, a URL or
+            address without ``://``, a ``file:`` URL with a host, a Redis
+            database that is not a number, or a directory whose parent is
+            missing (without ``make_parents=True``).
         ArgumentTypeError: an option the chosen store does not take.
         FeatureUnavailableError: a Redis spec without the ``redis`` client,
             a Mooncake spec without Mooncake's client.

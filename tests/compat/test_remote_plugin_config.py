@@ -21,6 +21,7 @@ from pathlib import Path
 import plugin_cases as cases
 import pytest
 from conftest import REPO
+from store_url_cases import BAD_IDS, BAD_SPECS, missing_parent
 
 from kvpool.integrations.lmcache.remote import (
     KVPoolConnectorAdapter,
@@ -154,7 +155,7 @@ def test_an_unknown_option_is_refused_with_the_closest_name(tmp_path: Path) -> N
     ("url", "line", "expected"),
     [
         ("redis://127.0.0.1:1/0", "remote_storage_plugin.kvpool.timeout: -1", "timeout"),
-        ("ftp://127.0.0.1/x", None, "unknown store spec"),
+        ("ftp://127.0.0.1/x", None, "unknown store scheme"),
         ("redis://:hunter22@127.0.0.1:1/0", "remote_storage_plugin.kvpool.window: 0", "window"),
     ],
 )
@@ -164,6 +165,25 @@ def test_a_bad_value_or_url_is_refused(
     message = refusal(cases.config_text(url, *([line] if line else [])), tmp_path)
     assert "kvpool plugin 'kvpool'" in message and expected in message
     assert "hunter22" not in message
+
+
+@pytest.mark.parametrize(("url", "fix"), BAD_SPECS, ids=BAD_IDS)
+def test_a_mistyped_url_is_refused_naming_the_fix_and_creates_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, url: str, fix: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    config_dir = tmp_path / "config"
+    config_dir.mkdir()
+    message = refusal(cases.config_text(url), config_dir)
+    assert "kvpool plugin 'kvpool'" in message and fix in message
+    assert [p.name for p in tmp_path.iterdir()] == ["config"]  # nothing besides the config
+
+
+def test_a_directory_with_a_missing_parent_is_refused(tmp_path: Path) -> None:
+    url, fix = missing_parent(tmp_path)
+    message = refusal(cases.config_text(url), tmp_path)
+    assert fix in message and "make_parents" in message
+    assert not (tmp_path / "no-such-parent").exists()
 
 
 def test_a_password_in_an_option_value_is_never_shown(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from store_url_cases import BAD_IDS, BAD_SPECS, created_anything, missing_parent
 
 from .conftest import load_backend, mha_pool, mla_pool, storage_config
 
@@ -156,6 +157,30 @@ def test_config_errors_stop_the_attach_with_the_fix(tmp_path, extra, match) -> N
     with pytest.raises(HiCacheConfigError, match=match) as info:
         load_backend(config, mha_pool("page_first"))
     assert "hunter2" not in str(info.value)
+
+
+@pytest.mark.parametrize(("url", "fix"), BAD_SPECS, ids=BAD_IDS)
+def test_a_mistyped_url_stops_the_attach_and_creates_nothing(
+    tmp_path, monkeypatch, url: str, fix: str
+) -> None:
+    from kvpool.integrations.sglang import HiCacheConfigError
+
+    monkeypatch.chdir(tmp_path)
+    config = storage_config(url)
+    with pytest.raises(HiCacheConfigError) as info:
+        load_backend(config, mha_pool("page_first"))
+    assert fix in str(info.value)
+    assert created_anything(tmp_path) == []
+
+
+def test_a_directory_with_a_missing_parent_stops_the_attach(tmp_path) -> None:
+    from kvpool.integrations.sglang import HiCacheConfigError
+
+    url, fix = missing_parent(tmp_path)
+    with pytest.raises(HiCacheConfigError) as info:
+        load_backend(storage_config(url), mha_pool("page_first"))
+    assert fix in str(info.value) and "make_parents" in str(info.value)
+    assert created_anything(tmp_path) == []
 
 
 def test_a_layout_kvpool_cannot_address_is_refused_at_registration(tmp_path) -> None:

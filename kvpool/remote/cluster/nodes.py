@@ -33,11 +33,12 @@ from kvpool.remote.redis.config import Target, import_redis, redact_url, resolve
 from kvpool.remote.redis.connection import NodePool
 from kvpool.remote.redis.opener import connector
 from kvpool.remote.redis.resp import Limits, Reader, Send, Steps, command
+from kvpool.remote.urls import CLUSTER_SCHEMES
 
 __all__ = ["SCHEMES", "ClusterNodes", "resolve_cluster", "slot_map_from", "slots_plan"]
 
-#: URL schemes of a cluster (the ``s`` ones use TLS).
-SCHEMES = ("redis-cluster", "rediss-cluster", "valkey-cluster", "valkeys-cluster")
+#: URL schemes of a cluster (the ``s`` ones use TLS), as every store spec reads them.
+SCHEMES = CLUSTER_SCHEMES
 
 _CLUSTER_SLOTS = command(b"CLUSTER", b"SLOTS")
 _HOST_PORT = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[^\s:/@\[\]]+):([0-9]{1,5})")

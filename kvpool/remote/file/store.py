@@ -89,6 +89,7 @@ from kvpool.remote.base import (
     raise_first,
 )
 from kvpool.remote.file.careful import read_entry, read_header
+from kvpool.remote.file.directory import make_store_directory
 from kvpool.remote.file.io import CLOEXEC, open_entry
 from kvpool.remote.file.names import entry_name, plain_name, remove_prefix
 from kvpool.remote.file.parts import batch_nbytes, run_parts, split_bounds
@@ -118,8 +119,9 @@ class FileStore(RemoteStore):
     """A store of one file per entry in ``directory``.
 
     Args:
-        directory: where the entries live (created if missing, with its
-            parents).  ``/dev/shm/...`` keeps them in memory.
+        directory: where the entries live; created if missing when its
+            parent exists (see ``make_parents``).  ``/dev/shm/...`` keeps
+            them in memory.
         checksum: record a CRC-32 of every payload on ``put`` (and check
             it on ``get`` whenever an entry has one).  It costs a pass over
             the bytes (about 2.5 GB/s on the development VM); without it,
@@ -134,10 +136,14 @@ class FileStore(RemoteStore):
             safe (see the module notes).  Off with ``durable``.
         cleanup_temp_age_s: at start, remove temporary files of dead
             writers older than this many seconds (None: leave them).
+        make_parents: also create the directory's missing parents.  Off by
+            default, so a mistyped path (``/srv/kvcahce/x``) is an error
+            naming the missing parent rather than a new tree of folders.
 
     Raises:
-        InvalidArgumentError: ``directory`` is not a path, or exists and
-            is not a directory.
+        InvalidArgumentError: ``directory`` is not a path, exists and is
+            not a directory, or its parent is missing (without
+            ``make_parents``).
         RemoteStoreError: the directory cannot be created.
 
     Thread safety: all methods may run in several threads and processes
@@ -153,6 +159,7 @@ class FileStore(RemoteStore):
         io_threads: int = 1,
         reuse_files: bool = True,
         cleanup_temp_age_s: float | None = 60.0,
+        make_parents: bool = False,
     ) -> None:
         checksum = check_bool("checksum", checksum)
         durable = check_bool("durable", durable)
@@ -172,16 +179,7 @@ class FileStore(RemoteStore):
             raise InvalidArgumentError(f"directory must be a non-empty str path, got {path!r}")
         if "\0" in path:
             raise InvalidArgumentError(f"directory {path!r} contains a NUL byte; no path can")
-        try:
-            os.makedirs(path, exist_ok=True)
-        except FileExistsError:
-            raise InvalidArgumentError(f"{path!r} exists and is not a directory") from None
-        except OSError as exc:
-            raise RemoteStoreError(
-                exc.errno, f"cannot create the store directory {path!r}: {exc.strerror}"
-            ) from exc
-        if not os.path.isdir(path):
-            raise InvalidArgumentError(f"{path!r} exists and is not a directory")
+        make_store_directory(path, check_bool("make_parents", make_parents))
         self.directory = os.path.abspath(path)
         self._prefix = self.directory + os.sep
         self._bprefix = os.fsencode(self._prefix)

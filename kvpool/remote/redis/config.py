@@ -18,11 +18,19 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import unquote, urlsplit
 
 from kvpool.errors import FeatureUnavailableError, InvalidArgumentError
 
-__all__ = ["Target", "import_redis", "redact_url", "resolve_target", "scrub", "url_secrets"]
+__all__ = [
+    "Target",
+    "check_redis_database",
+    "import_redis",
+    "redact_url",
+    "resolve_target",
+    "scrub",
+    "url_secrets",
+]
 
 # Every "scheme://userinfo@", not only the first: a URL may carry another in
 # its query (mooncake://master?metadata=redis://:password@host).
@@ -50,6 +58,29 @@ def import_redis() -> Any:
             "pip install 'kvpool[redis]'"
         ) from exc
     return redis
+
+
+def check_redis_database(url: str) -> None:
+    """Refuse a ``redis://`` / ``rediss://`` URL whose path is not a database number.
+
+    The ``redis`` client reads ``/db0`` (or any path it cannot read as a number)
+    as database 0, so a typo would quietly write to another database.
+
+    Raises:
+        InvalidArgumentError: the path is not ``/`` followed by a number.
+    """
+    try:
+        path = urlsplit(url).path
+    except ValueError:
+        return  # malformed: the redis client's own parse names what is wrong
+    if path in ("", "/"):
+        return
+    db = path[1:]
+    if not db.isdigit():
+        raise InvalidArgumentError(
+            f"Redis URL {redact_url(url)!r}: the database {unquote(db)!r} is not a number; "
+            "write the database's number after the port, e.g. redis://host:6379/0"
+        )
 
 
 def redact_url(url: str) -> str:
@@ -154,6 +185,8 @@ def resolve_target(spec: Any, allow_asyncio: bool = False) -> Target:
     """
     redis = import_redis()
     if isinstance(spec, str):
+        if spec.split("://", 1)[0].lower() in ("redis", "rediss"):
+            check_redis_database(spec)
         userinfo = _USERINFO.match(spec)
         extra: tuple[str, ...] = ()
         if userinfo:

@@ -1,0 +1,56 @@
+"""A directory store's own directory: made when its parent exists, its parents only when asked.
+
+A store spec is a path, so a typo in it names a directory nobody meant;
+creating every missing parent would turn ``/srv/kvcahce/x`` (or, as root,
+``/nonexistent/dir/x``) into a new tree that quietly takes the puts.  So a
+store creates its own directory, and its parents only with
+``make_parents=True``; otherwise a missing parent is an error naming it.
+"""
+
+from __future__ import annotations
+
+import os
+
+from kvpool.errors import InvalidArgumentError, RemoteStoreError
+
+__all__ = ["make_store_directory"]
+
+
+def make_store_directory(path: str, make_parents: bool) -> None:
+    """Make sure the directory ``path`` exists, creating it (and its parents if asked).
+
+    Args:
+        path: the store's directory.
+        make_parents: create missing parents too.
+
+    Raises:
+        InvalidArgumentError: ``path`` exists and is not a directory, or its
+            parent is missing and ``make_parents`` is False.
+        RemoteStoreError: the directory cannot be created (permissions, a
+            read-only file system...).
+    """
+    if os.path.isdir(path):
+        return
+    if os.path.lexists(path):
+        raise InvalidArgumentError(f"{path!r} exists and is not a directory; give a directory")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not make_parents and not os.path.isdir(parent):
+        raise InvalidArgumentError(
+            f"the parent {parent!r} of the store directory {path!r} does not exist; check the "
+            "path for a typo, create the parent, or pass make_parents=True (in a URL's "
+            "settings: make_parents: true) to create it"
+        )
+    try:
+        if make_parents:
+            os.makedirs(path, exist_ok=True)
+        else:
+            os.mkdir(path)
+    except FileExistsError:
+        if not os.path.isdir(path):
+            raise InvalidArgumentError(
+                f"{path!r} exists and is not a directory; give a directory"
+            ) from None
+    except OSError as exc:
+        raise RemoteStoreError(
+            exc.errno, f"cannot create the store directory {path!r}: {exc.strerror}"
+        ) from exc

@@ -1,0 +1,35 @@
+"""The store specs every entry point must refuse, and the fix each message must name.
+
+One table, used by every entry point's test (``open_store``, ``open_async_store``,
+``kvpool demo --store``, the LMCache plugin, the SGLang backend, the vLLM tier), so
+the URL rules of :mod:`kvpool.remote.urls` are checked the same way everywhere.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+#: (spec, a fragment the refusal must contain): a typo never becomes a directory.
+BAD_SPECS: list[tuple[str, str]] = [
+    ("redis//127.0.0.1:6391/0", "did you mean 'redis://127.0.0.1:6391/0'"),
+    ("rediss:/127.0.0.1", "did you mean 'rediss://127.0.0.1'"),
+    ("127.0.0.1:6391", "did you mean 'redis://127.0.0.1:6391/0'"),
+    ("redis:127.0.0.1", "did you mean 'redis://127.0.0.1'"),
+    ("reddis://127.0.0.1:6391/0", "did you mean redis://"),
+    ("mooncak://127.0.0.1:50051", "did you mean mooncake://"),
+    ("redis://127.0.0.1:6391/db0", "'db0' is not a number"),
+]
+
+#: Ids for ``pytest.mark.parametrize``.
+BAD_IDS = [spec for spec, _ in BAD_SPECS]
+
+
+def missing_parent(tmp: Path) -> tuple[str, str]:
+    """A ``file://`` spec whose parent is missing, and what its refusal must name."""
+    parent = tmp / "no-such-parent" / "dir"
+    return f"file://{parent / 'x'}", f"the parent '{parent}'"
+
+
+def created_anything(where: Path) -> list[str]:
+    """What exists under ``where`` (a refused spec must leave it empty)."""
+    return sorted(str(p.relative_to(where)) for p in where.rglob("*"))
