@@ -35,6 +35,8 @@ __all__ = ["add_parser", "run_demo"]
 # torch (`kvpool --version` and `--help` stay fast).
 CHUNK_SHAPE = (2, 4, 256, 128)
 CHUNK_BYTES = math.prod(CHUNK_SHAPE) * 2
+#: The smallest pool the demo makes when --size is not given (twice the chunks' bytes otherwise).
+DEFAULT_SIZE_FLOOR = 64 << 20
 
 
 def _pattern(index: int) -> np.ndarray:
@@ -81,7 +83,7 @@ def run_demo(args: argparse.Namespace) -> int:
     shape, dtype = torch.Size(CHUNK_SHAPE), torch.float16
 
     out = sys.stdout
-    size = args.size or max(2 * args.chunks * CHUNK_BYTES, 64 << 20)
+    size = args.size or max(2 * args.chunks * CHUNK_BYTES, DEFAULT_SIZE_FLOOR)
     if args.chunks * CHUNK_BYTES > size:
         print(
             f"kvpool demo: {args.chunks} chunks of {format_bytes(CHUNK_BYTES)} do not fit in a "
@@ -210,7 +212,7 @@ def _print_result(r: DemoResult, out: Any) -> None:
     print(
         f"pool stats (before the final frees): {s['active_objects']} objects, "
         f"{format_bytes(s['used_bytes'])} used of {format_bytes(s['total_bytes'])}, "
-        f"{s['pinned_objects']} pinned, "
+        f"{s['pinned_objects']} held by pin(), "
         f"largest free block {format_bytes(s['largest_free_block'])}, "
         f"fragmentation {s['fragmentation']:.3f}",
         file=out,
@@ -248,7 +250,12 @@ def add_parser(subparsers: Any) -> None:
         "redis-cluster://h1:p1,h2:p2 or mooncake://master:port?metadata=URL "
         "(default: a FileStore in a temporary directory on /dev/shm)",
     )
-    p.add_argument("--size", type=size_arg, help="pool size, e.g. 256M (default: twice the chunks)")
+    p.add_argument(
+        "--size",
+        type=size_arg,
+        help="pool size, e.g. 256M (binary units: 256M = 256MB = 256MiB); default: twice the "
+        f"chunks' bytes, at least {DEFAULT_SIZE_FLOOR >> 20} MiB; a given size is used as it is",
+    )
     p.add_argument(
         "--chunks", type=positive_int, default=64, help="KV chunks of 512 KiB (default 64)"
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -106,3 +107,26 @@ def test_demo_takes_hugepages_only_when_asked() -> None:
     assert json.loads(plain.stdout)["pool"]["hugepages"] == "none"
     assert json.loads(auto.stdout)["pool"]["hugepages"] != "none"
     assert json.loads(required.stdout)["pool"]["hugepages"] != "none"
+
+
+def test_demo_says_pinned_only_of_the_pools_memory() -> None:
+    # It printed "pinned=mlock" for the pool, then "0 pinned" for the objects held by pin().
+    run = demo("--chunks", "2")
+    assert run.returncode == 0, run.stderr
+    pool_line = next(line for line in run.stdout.splitlines() if line.startswith("pool: "))
+    said = [line for line in run.stdout.splitlines() if "pinned" in line]
+    assert said == [pool_line] and re.search(r"pinned=(cuda|mlock|none)\b", pool_line), said
+    assert "0 held by pin()" in run.stdout
+
+
+def test_demo_default_size_floor_is_documented_and_kept() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "kvpool", "demo", "--help"], capture_output=True, text=True
+    )
+    assert "at least 64 MiB" in " ".join(done.stdout.split())
+    small = demo("--chunks", "2", "--json")  # twice the chunks would be 2 MiB
+    assert small.returncode == 0, small.stderr
+    assert json.loads(small.stdout)["stats"]["total_bytes"] == 64 << 20
+    given = demo("--chunks", "1", "--size", "1MB", "--json")  # a given size is used as it is
+    assert given.returncode == 0, given.stderr
+    assert json.loads(given.stdout)["stats"]["total_bytes"] == 1 << 20
