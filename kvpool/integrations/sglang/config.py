@@ -39,14 +39,15 @@ and the fix; passwords are shown as ``***``.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
 from kvpool.errors import InvalidArgumentError
-from kvpool.integrations.shared.settings import StoreSettings, read_store_settings
-from kvpool.remote import store_kind, store_options
+from kvpool.integrations.shared.settings import (
+    StoreSettings,
+    read_store_settings,
+    with_defaults,
+)
 from kvpool.remote.file.parts import default_batch_threads
 
 __all__ = [
@@ -125,14 +126,4 @@ def read_config(extra: Mapping[str, Any] | None) -> StoreSettings:
 
 def _with_defaults(settings: StoreSettings) -> StoreSettings:
     """``settings`` plus the :data:`PAGE_DEFAULTS` its store takes and nobody set."""
-    accepted = store_options(settings.url, asyncio=False)
-    in_query = set(parse_qs(urlsplit(settings.url).query))
-    defaults = PAGE_DEFAULTS.get(store_kind(settings.url), {})
-    added = {
-        name: default_batch_threads() if value is None else value
-        for name, value in defaults.items()
-        if name in accepted and name not in settings.options and name not in in_query
-    }
-    if not added:
-        return settings
-    return dataclasses.replace(settings, options={**settings.options, **added})
+    return with_defaults(settings, PAGE_DEFAULTS, computed=lambda _: default_batch_threads())

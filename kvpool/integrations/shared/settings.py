@@ -12,11 +12,13 @@ store's own refusal is scrubbed of the secrets it may quote.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import re
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 from kvpool.errors import ArgumentTypeError, KVPoolError, RemoteStoreError
 from kvpool.remote import (
@@ -24,11 +26,18 @@ from kvpool.remote import (
     RemoteStore,
     open_async_store,
     open_store,
+    store_kind,
     store_options,
 )
 from kvpool.remote.redis.config import redact_url, scrub, url_secrets
 
-__all__ = ["StoreSettings", "open_settings_store", "read_store_settings", "refusal"]
+__all__ = [
+    "StoreSettings",
+    "open_settings_store",
+    "read_store_settings",
+    "refusal",
+    "with_defaults",
+]
 
 _QUOTED = re.compile(r"'([A-Za-z_][A-Za-z0-9_]*)'")
 
@@ -138,6 +147,39 @@ def read_store_settings(
                 f"(accepted: {', '.join(everything)})"
             )
     return StoreSettings(instance, url, options, prefix)
+
+
+def with_defaults(
+    settings: StoreSettings,
+    defaults: Mapping[str, Mapping[str, Any]],
+    asyncio: bool = False,
+    computed: Callable[[str], Any] | None = None,
+) -> StoreSettings:
+    """``settings`` plus an integration's per-kind store defaults that nobody set.
+
+    A default applies when the URL's store takes the option and neither the
+    configuration nor the URL's query sets it.
+
+    Args:
+        settings: as read by :func:`read_store_settings`.
+        defaults: per store kind (``"file"``, ``"redis"``...), option -> value.
+        asyncio: the options of the asyncio store (True) or the blocking one.
+        computed: turns a default of ``None`` into its value, given the option's
+            name (for defaults that depend on the machine); None leaves it None.
+
+    Returns:
+        The settings with the defaults added (the same object when none applies).
+    """
+    accepted = store_options(settings.url, asyncio=asyncio)
+    in_query = set(parse_qs(urlsplit(settings.url).query))
+    added = {
+        name: computed(name) if value is None and computed is not None else value
+        for name, value in defaults.get(store_kind(settings.url), {}).items()
+        if name in accepted and name not in settings.options and name not in in_query
+    }
+    if not added:
+        return settings
+    return dataclasses.replace(settings, options={**settings.options, **added})
 
 
 def refusal(
