@@ -29,11 +29,15 @@ __all__ = [
     "capabilities",
     "current_numa_node",
     "numa_nodes",
+    "nvidia_gpus",
     "read_hugepage_info",
 ]
 
 _HUGEPAGES_2M = Path("/sys/kernel/mm/hugepages/hugepages-2048kB")
 _NVIDIA_DRIVER = Path("/proc/driver/nvidia/version")
+_PCI_DEVICES = Path("/sys/bus/pci/devices")
+_NVIDIA_VENDOR = "0x10de"
+_DISPLAY_CLASS = "0x03"  # PCI class 03: display controllers (VGA, 3D: every NVIDIA GPU)
 # cudaError_t values that name the cause (CUDA runtime API).
 _CUDA_NO_DRIVER = {35, 3}  # cudaErrorInsufficientDriver, cudaErrorInitializationError
 _CUDA_NO_DEVICE = {100, 101}  # cudaErrorNoDevice, cudaErrorInvalidDevice
@@ -95,6 +99,7 @@ class Capabilities:
             dict), or None when it has not run in this process.
         memory_cgroup: the tightest memory cgroup limit on this process (limit,
             working set, room left, its file), None without one.
+        nvidia_gpus: NVIDIA GPUs on the PCI bus, driver or not (:func:`nvidia_gpus`).
     """
 
     cuda_available: bool
@@ -120,6 +125,7 @@ class Capabilities:
     populate_threads_source: str = "rule"
     populate_probe: dict[str, Any] | None = None
     memory_cgroup: Limit | None = None
+    nvidia_gpus: int = 0
 
     def hugepage_pool(self, page_size_kib: int = 2048) -> HugePagePool | None:
         """Return the pool of that page size, or None if the kernel has none."""
@@ -135,12 +141,16 @@ class Capabilities:
     def cuda_problem(self) -> tuple[str, str]:
         """Why CUDA is not usable and what fixes it: ``(cause, fix)``, in plain words.
 
-        The cause is one of: no CUDA runtime (libcudart) was found; no
-        NVIDIA driver is loaded, or it is older than the runtime; the driver
-        sees no device.  ``("", "")`` when CUDA is usable.
+        The cause is one of: the machine has no NVIDIA GPU and no driver
+        (the fix is then ``""``: there is nothing to advise); no CUDA runtime
+        (libcudart) was found; no NVIDIA driver is loaded, or it is older
+        than the runtime; the driver sees no device.  ``("", "")`` when CUDA
+        is usable.
         """
         if self.cuda_available:
             return "", ""
+        if self.nvidia_gpus == 0 and not _NVIDIA_DRIVER.exists():
+            return "this machine has no NVIDIA GPU (none on its PCI bus, no driver loaded)", ""
         if not self.cuda_runtime_path:
             detail = f" ({self.cuda_error})" if self.cuda_error else ""
             return (
@@ -174,8 +184,8 @@ class Capabilities:
     def advice(self) -> list[str]:
         """Return one line per thing worth changing, with the command that does it."""
         tips: list[str] = []
-        if not self.cuda_available:
-            cause, fix = self.cuda_problem()
+        cause, fix = self.cuda_problem()
+        if fix:  # none without a GPU or a driver: there is no GPU to set up
             tips.append(f"CUDA: {cause}; pin='auto' uses mlock instead. Fix: {fix}.")
         pool = self.hugepage_pool(2048)
         # How pools pick pages (kvpool.pool.backing.default_hugepages): 4 KiB
@@ -332,7 +342,34 @@ def capabilities(*, probe_populate: bool = False) -> Capabilities:
         populate_threads_source=plan.threads_source,
         populate_probe=asdict(facts) if facts.probed else None,
         memory_cgroup=cgroup_memory(),
+        nvidia_gpus=nvidia_gpus(),
     )
+
+
+def nvidia_gpus(base: str | os.PathLike[str] = _PCI_DEVICES) -> int:
+    """Count the NVIDIA GPUs on the PCI bus, from sysfs: no driver or CUDA needed.
+
+    Args:
+        base: the PCI devices folder (a parameter so tests can point it elsewhere).
+
+    Returns:
+        The devices of NVIDIA's vendor id in a display class; 0 where sysfs
+        is unreadable.
+    """
+    try:
+        devices = sorted(Path(base).iterdir())
+    except OSError:
+        return 0
+    count = 0
+    for device in devices:
+        try:
+            vendor = (device / "vendor").read_text().strip().lower()
+            kind = (device / "class").read_text().strip().lower()
+        except OSError:
+            continue
+        if vendor == _NVIDIA_VENDOR and kind.startswith(_DISPLAY_CLASS):
+            count += 1
+    return count
 
 
 def _cgroup_line(limit: Limit | None) -> str:

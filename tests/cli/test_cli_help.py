@@ -252,7 +252,7 @@ def test_info_counts_numa_nodes_in_words() -> None:
 
 
 def test_cuda_advice_without_a_runtime() -> None:
-    caps = fake(cuda_available=False, cuda_runtime_path=None, cuda_error="not found")
+    caps = fake(cuda_available=False, cuda_runtime_path=None, cuda_error="not found", nvidia_gpus=1)
     cause, fix = caps.cuda_problem()
     assert cause.startswith("no CUDA runtime (libcudart) was found")
     assert "KVPOOL_CUDART" in fix
@@ -265,6 +265,7 @@ def test_cuda_advice_without_a_driver(monkeypatch: pytest.MonkeyPatch, tmp_path:
         cuda_runtime_path="/opt/cuda/libcudart.so.12",
         cuda_device_count=0,
         cuda_error="cudaGetDeviceCount failed: CUDA driver version is insufficient (35)",
+        nvidia_gpus=1,
     )
     monkeypatch.setattr(machine, "_NVIDIA_DRIVER", tmp_path / "absent")
     cause, fix = caps.cuda_problem()
@@ -283,6 +284,7 @@ def test_cuda_advice_without_a_device() -> None:
         cuda_runtime_path="/opt/cuda/libcudart.so.12",
         cuda_device_count=0,
         cuda_error="cudaGetDeviceCount failed: no CUDA-capable device is detected (100)",
+        nvidia_gpus=1,
     )
     cause, fix = caps.cuda_problem()
     assert "sees no CUDA device" in cause and "CUDA_VISIBLE_DEVICES" in fix
@@ -290,3 +292,52 @@ def test_cuda_advice_without_a_device() -> None:
 
 def test_cuda_usable_has_no_problem() -> None:
     assert fake(cuda_available=True, cuda_device_count=1).cuda_problem() == ("", "")
+
+
+def test_no_gpu_and_no_driver_get_no_gpu_advice(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # It told a CPU machine with a CUDA runtime installed to install an NVIDIA driver.
+    caps = fake(
+        cuda_available=False,
+        cuda_runtime_path="/opt/cuda/libcudart.so.12",
+        cuda_device_count=0,
+        cuda_error="cudaGetDeviceCount failed: CUDA driver version is insufficient (35)",
+        nvidia_gpus=0,
+    )
+    monkeypatch.setattr(machine, "_NVIDIA_DRIVER", tmp_path / "absent")
+    assert caps.cuda_problem() == (
+        "this machine has no NVIDIA GPU (none on its PCI bus, no driver loaded)",
+        "",
+    )
+    assert not [tip for tip in caps.advice() if tip.startswith("CUDA")]
+    assert "no NVIDIA GPU" in caps.report() and "NVIDIA driver" not in caps.report()
+    runtime_missing = dataclasses.replace(caps, cuda_runtime_path=None)
+    assert not [tip for tip in runtime_missing.advice() if tip.startswith("CUDA")]
+    # A GPU on the bus, or a driver loaded, brings the advice back.
+    assert [tip for tip in dataclasses.replace(caps, nvidia_gpus=1).advice() if "CUDA" in tip]
+    driver = tmp_path / "version"
+    driver.write_text("NVRM version: 470.00\n")
+    monkeypatch.setattr(machine, "_NVIDIA_DRIVER", driver)
+    assert [tip for tip in caps.advice() if tip.startswith("CUDA")]
+
+
+def _pci(base: Path, name: str, vendor: str, kind: str) -> None:
+    device = base / name
+    device.mkdir(parents=True)
+    (device / "vendor").write_text(vendor + "\n")
+    (device / "class").write_text(kind + "\n")
+
+
+def test_nvidia_gpus_are_counted_from_sysfs(tmp_path: Path) -> None:
+    _pci(tmp_path, "0000:17:00.0", "0x10de", "0x030200")  # an NVIDIA 3D controller
+    _pci(tmp_path, "0000:65:00.0", "0x10de", "0x030000")  # an NVIDIA VGA controller
+    _pci(tmp_path, "0000:65:00.1", "0x10de", "0x040300")  # the same card's audio function
+    _pci(tmp_path, "0000:00:02.0", "0x8086", "0x030000")  # another vendor's display
+    (tmp_path / "0000:00:1f.0").mkdir()  # unreadable entries are skipped
+    assert machine.nvidia_gpus(tmp_path) == 2
+    assert machine.nvidia_gpus(tmp_path / "absent") == 0
+
+
+def test_the_probe_reports_the_gpus_of_this_machine() -> None:
+    assert machine.capabilities().nvidia_gpus == machine.nvidia_gpus()

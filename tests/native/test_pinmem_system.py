@@ -70,6 +70,7 @@ def test_advice_names_the_fixes() -> None:
     caps = fake_caps(
         cuda_available=False,
         cuda_error="no CUDA runtime found",
+        nvidia_gpus=1,  # CUDA advice is for a machine with a GPU (or a driver)
         hugepages=(),
         memlock_limit=8 << 20,
         memlock_exempt=False,
