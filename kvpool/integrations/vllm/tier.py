@@ -50,7 +50,6 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
-from kvpool import metrics as kv_metrics
 from kvpool.errors import KVPoolError, RemoteStoreError
 from kvpool.integrations.shared.calls import CLOSE_GRACE, BlockingCalls
 from kvpool.integrations.shared.outage import OutageGate
@@ -64,6 +63,7 @@ from kvpool.integrations.vllm.lookup import StoreLookups
 from kvpool.integrations.vllm.metrics import TierTally, definitions
 from kvpool.integrations.vllm.rows import PrimaryRows
 from kvpool.integrations.vllm.transfers import RowTransfers
+from kvpool.metrics import watch
 from kvpool.remote import store_options
 from kvpool.remote.counters import StoreCounters
 from kvpool.remote.file.aio import on_tmpfs
@@ -174,7 +174,7 @@ class KVPoolTier(SecondaryTierManager):
         self._set_medium()
         self._jobs: JobRunner[_Done] = JobRunner(self.options.threads, "kvpool-vllm-io")
         self._lookups = StoreLookups(tier_type, self._exists)
-        kv_metrics.watch(self)
+        watch(self)
         self.logger.info(
             "%s: %d I/O threads, %s, keys tagged %s (%s)",
             name,
