@@ -51,6 +51,7 @@ _LAZY_NAMES = {
     "strict_mode": "kvpool.misuse",
     "NUMAMapping": "kvpool.native.numa",
     "HostSpec": "kvpool.native.spec",
+    "parse_size": "kvpool.native.units",
     "AddressManager": "kvpool.pool.address",
     "FreeBlock": "kvpool.pool.address",
     "TensorMemoryAllocator": "kvpool.pool.extent",
@@ -160,6 +161,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
     from kvpool.native.numa import NUMAMapping
     from kvpool.native.registration import Registration, register_host
     from kvpool.native.spec import HostSpec
+    from kvpool.native.units import parse_size
     from kvpool.pool.address import AddressManager, FreeBlock
     from kvpool.pool.devdax import DevDaxBacking
     from kvpool.pool.extent import TensorMemoryAllocator
@@ -273,6 +275,7 @@ __all__ = [
     "capabilities",
     "get_numa_id",
     "get_size_bytes",
+    "parse_size",
     "set_strict_mode",
     "strict_mode",
     "synchronized",

@@ -135,8 +135,10 @@ def check_size(name: str, value: object, *, high: int | None = None, fix: str | 
     """Return ``value`` if it is a positive number of bytes (no larger than ``high``).
 
     Raises:
-        InvalidArgumentError: not an int, ``< 1`` or ``> high``.
+        InvalidArgumentError: not an int (a size as text names the fix), ``< 1`` or ``> high``.
     """
+    if isinstance(value, str):  # e.g. "64MB": the command line's size, which the API takes as bytes
+        fix = f"pass kvpool.parse_size({value!r}), which reads it as the command line does"
     number = check_int(name, value, fix=fix)
     if number < 1:
         raise InvalidArgumentError(

@@ -6,24 +6,21 @@ import argparse
 
 __all__ = ["parse_size", "positive_int", "size_arg"]
 
-_UNITS = {"K": 10, "M": 20, "G": 30, "T": 40}
-
 
 def parse_size(text: str) -> int:
-    """Parse a byte count: ``4G``, ``512M``, ``1.5GiB``, ``4096`` (binary units).
+    """A byte count as :func:`kvpool.parse_size` reads it: ``4G``, ``512MB``, ``1.5GiB``, ``4096``.
+
+    The one reading of a size, the Python API's too (binary units however
+    written).  Imported at the first call: importing :mod:`kvpool.native`
+    loads libpinmem, and building the command line (``kvpool --version``)
+    must not.
 
     Raises:
-        ValueError: not a size, or not positive.
+        ValueError: not a size, or not positive (an ``InvalidArgumentError``).
     """
-    t = text.strip().upper().removesuffix("IB").removesuffix("B")
-    try:
-        shift = _UNITS.get(t[-1:], 0)
-        value = int(float(t[:-1]) * (1 << shift)) if shift else int(t)
-    except ValueError:
-        raise ValueError(f"not a size: {text!r} (use e.g. 4G, 512M, 65536)") from None
-    if value <= 0:
-        raise ValueError(f"size must be > 0 bytes, got {text!r}")
-    return value
+    from kvpool.native.units import parse_size as native_parse_size
+
+    return native_parse_size(text)
 
 
 def size_arg(text: str) -> int:

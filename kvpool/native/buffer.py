@@ -68,6 +68,7 @@ import kvpool.errors as errors
 import kvpool.native.calls as _native
 import kvpool.native.limits as limits
 import kvpool.native.registration as _registration
+from kvpool.checks import check_size
 from kvpool.native.spec import HostSpec
 from kvpool.native.units import format_bytes
 
@@ -606,10 +607,8 @@ def attach_shm(
         SharedMemoryNotFoundError: no segment of that name.
         InvalidArgumentError: a bad name, or size larger than the segment.
     """
-    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size <= 0):
-        raise errors.InvalidArgumentError(
-            f"size must be None (the whole segment) or a positive number of bytes, got {size!r}"
-        )
+    if size is not None:
+        size = check_size("size", size, fix="or None for the whole segment")
     region = _native.shm_attach(name, 0 if size is None else size, pin=pin, populate=populate)
     return HostBuffer(region, shm_name=name, unlink_on_close=False)
 

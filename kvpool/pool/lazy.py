@@ -146,9 +146,7 @@ class LazyMemoryAllocator(MemoryPool):
         step_size = check_size("step_size", step_size)
         align_bytes = check_align_bytes(align_bytes)
         start = check_bool("start", start)
-        init_size = check_int(
-            "init_size", init_size, low=1, high=size, fix="0 < init_size <= final_size"
-        )
+        init_size = check_size("init_size", init_size, high=size, fix="0 < init_size <= final_size")
         # Reserved, not populated: the growth commits (populates and pins) it,
         # each step registered in chunks that are multiples of the alignment.
         spec = HostSpec(

@@ -816,6 +816,7 @@ def targets() -> list[Target]:
         Target("StatsMonitor.snapshot", lambda c: k.StatsMonitor.GetOrCreate().snapshot),
         Target("PoolStats.build", lambda c: k.PoolStats.build, [4096, 0, 0, 0, 4096]),
         Target("get_size_bytes", lambda c: k.get_size_bytes, [[SHAPE], [DTYPE]]),
+        Target("parse_size", lambda c: k.parse_size, ["64MB"]),
         Target("set_strict_mode", lambda c: _set_strict_and_restore, [False]),
         Target("strict_mode", lambda c: k.strict_mode),
         Target("capabilities", lambda c: k.capabilities),
