@@ -47,5 +47,5 @@ def parse_size(text: str) -> int:
             "e.g. 4G, 512MB, 1.5GiB or 65536"
         ) from None
     if value <= 0:
-        raise InvalidArgumentError(f"a size must be greater than 0 bytes, got {text!r}")
+        raise InvalidArgumentError(f"a size must be > 0 bytes, got {text!r}")
     return value
