@@ -99,7 +99,11 @@ class AsyncFileStore(AsyncRemoteStore):
             with ``threads=0``).  None (default):
             :func:`default_batch_threads`.
         **options: the other ``FileStore`` options (``checksum``,
-            ``durable``, ``reuse_files``, ``cleanup_temp_age_s``).
+            ``durable``, ``reuse_files``, ``cleanup_temp_age_s``,
+            ``make_parents``, ``max_bytes``, ``on_evict``, ``direct_io``).
+            ``on_evict`` is called in the thread that evicted: a worker
+            thread, or the event loop's with ``threads=0``; it must not
+            block, nor call the store.
 
     Attributes:
         store: the underlying blocking store (its ``path``, ``cleanup_temp``...;
@@ -223,13 +227,15 @@ class AsyncFileStore(AsyncRemoteStore):
             await self._run(self.store.batched_put, keys, memory_objs, borrows=True)
             return
         keys, memory_objs = list(keys), list(memory_objs)
-        outcomes = await self._split(
-            pool,
-            self.store.batched_put,
-            [(keys[a:b], memory_objs[a:b]) for a, b in bounds],
-            None,
-            borrows=True,
-        )
+        # The parts are one batch: none evicts the entries another writes.
+        with self.store._guard(keys):
+            outcomes = await self._split(
+                pool,
+                self.store.batched_put,
+                [(keys[a:b], memory_objs[a:b]) for a, b in bounds],
+                None,
+                borrows=True,
+            )
         for outcome in outcomes:
             if isinstance(outcome, BaseException):
                 raise outcome

@@ -60,12 +60,19 @@ def _finish(obj: MemoryObj, view: memoryview, info: EntryInfo, where: str) -> No
         obj.set_used_size(info.size)
 
 
-def diagnose(fd: int, n: int, layout: Layout, fmt: MemoryFormat, where: str) -> EntryInfo:
-    """Explain why a read of ``n`` bytes did not match ``layout``, or accept a narrowed entry.
+def diagnose(
+    fd: int, n: int, layout: Layout, fmt: MemoryFormat, where: str, payload: memoryview
+) -> EntryInfo:
+    """Explain why a read of ``n`` bytes did not match ``layout``, or accept the entry.
+
+    A valid entry is accepted when its payload is shorter than its layout
+    (a narrowed object: ``set_used_size``), or when its header has another
+    padding than ``layout``'s (an entry of a ``direct_io`` store, read by
+    one without, or the other way round): its payload is then read again
+    into ``payload`` from where its header says it starts.
 
     Returns:
-        The header of a valid entry whose payload is shorter than its
-        layout (``set_used_size``), fully read by the ``preadv``.
+        The header of the valid entry, its payload in ``payload``.
 
     Raises:
         CorruptEntryError / InvalidArgumentError: what is wrong.
@@ -80,6 +87,8 @@ def diagnose(fd: int, n: int, layout: Layout, fmt: MemoryFormat, where: str) -> 
         )
     if file_size > expected:
         raise CorruptEntryError(f"{where}: {file_size - expected} trailing bytes after the payload")
+    if info.header_size != layout.header_size:
+        n = info.header_size + os.preadv(fd, (payload[: info.size],), info.header_size)
     if n != expected:
         raise CorruptEntryError(f"{where}: read {n} of {expected} bytes")
     return info
@@ -110,8 +119,8 @@ def read_entry(
             n = os.preadv(fd, (header, view, bytearray(1)), 0)
             if n == layout.header_size + layout.nbytes and is_full_entry(header, layout, fmt, view):
                 return obj
-            # Something differs: find out what (or accept a narrowed entry).
-            info = diagnose(fd, n, layout, fmt, where())
+            # Something differs: find out what (or accept a narrowed or padded entry).
+            info = diagnose(fd, n, layout, fmt, where(), view)
             _finish(obj, view, info, where())
             return obj
         info = read_header(fd, where())

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from collections.abc import Callable
 from urllib.parse import quote_from_bytes
 
 from kvpool.errors import RemoteStoreError
@@ -44,13 +45,17 @@ def plain_name(kb: bytes) -> bool:
     return _PLAIN_NAME(kb) is not None
 
 
-def remove_prefix(directory: str, pb: bytes) -> int:
+def remove_prefix(
+    directory: str, pb: bytes, unlink: Callable[[str, str], None] | None = None
+) -> int:
     """Unlink every entry of ``directory`` whose key starts with ``pb``; how many.
 
     One pass over the directory's names (O(files), no file is opened).
     Only ``k`` names are matched (see the module); something other than a
     file at a matching name (a directory) is left alone, as is a name that
-    vanished meanwhile.
+    vanished meanwhile.  ``unlink(path, name)``, when given, removes each
+    file instead of ``os.unlink(path)`` (a bounded store's, which also
+    updates its index), raising as ``os.unlink`` does.
 
     Raises:
         RemoteStoreError: the directory cannot be listed, or a file cannot
@@ -66,7 +71,10 @@ def remove_prefix(directory: str, pb: bytes) -> int:
                 if not entry.name.startswith(start):
                     continue
                 try:
-                    os.unlink(entry.path)
+                    if unlink is None:
+                        os.unlink(entry.path)
+                    else:
+                        unlink(entry.path, entry.name)
                 except (FileNotFoundError, IsADirectoryError):
                     continue
                 removed += 1

@@ -55,19 +55,28 @@ makes a store read or write a file outside it.
 Key to file name: ``"k"`` + the key percent-encoded, or ``"h"`` + its
 SHA-256 for a long key (:mod:`kvpool.remote.file.names`: no key can reach
 outside the directory).  Temporary files start with ``.tmp-``.
+
+A bounded store (``max_bytes``) keeps an index of its entries, least
+recently used first (:mod:`kvpool.remote.file.bound`): built at open
+from the directory, updated by its puts, deletes and ``delete_prefix``,
+and by the hits of ``get``, ``batched_get``, ``exists`` and
+``batched_exists``.  A put that takes the total over the bound evicts the
+least recently used entries (:mod:`kvpool.remote.file.evict`).  With
+``direct_io`` the bytes move with ``O_DIRECT`` (:mod:`kvpool.remote.file.direct`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import torch
 
-from kvpool.checks import check_bool, check_seconds
+from kvpool.checks import check_bool, check_callable, check_seconds, check_size
 from kvpool.errors import (
     CorruptEntryError,
     InvalidArgumentError,
@@ -88,8 +97,11 @@ from kvpool.remote.base import (
     prefix_bytes,
     raise_first,
 )
+from kvpool.remote.file.bound import Bound, scan
 from kvpool.remote.file.careful import read_entry, read_header
+from kvpool.remote.file.direct import ALIGN, is_full_padded, padded, probe
 from kvpool.remote.file.directory import make_store_directory
+from kvpool.remote.file.evict import Evictor
 from kvpool.remote.file.io import CLOEXEC, open_entry
 from kvpool.remote.file.names import entry_name, plain_name, remove_prefix
 from kvpool.remote.file.parts import batch_nbytes, run_parts, split_bounds
@@ -139,15 +151,55 @@ class FileStore(RemoteStore):
         make_parents: also create the directory's missing parents.  Off by
             default, so a mistyped path (``/srv/kvcahce/x``) is an error
             naming the missing parent rather than a new tree of folders.
+        max_bytes: bound the bytes of the entries (their files, headers
+            included): a put that takes the total over it evicts the least
+            recently used entries (see "Bounded stores" below).  None
+            (default): no bound, no index.
+        on_evict: with ``max_bytes``, called with the list of keys (bytes)
+            whose entries an eviction removed, once per call that evicted,
+            in the thread that evicted (a put's, or an I/O thread of a
+            batch); it should be quick and must not call the store.  An
+            exception it raises is counted and logged once, and does not
+            fail the put.
+        direct_io: move the bytes with ``O_DIRECT`` (the page cache
+            bypassed, for a disk directory; see "Direct I/O" below).  The
+            file system is probed at open.
 
     Raises:
         InvalidArgumentError: ``directory`` is not a path, exists and is
             not a directory, or its parent is missing (without
-            ``make_parents``).
-        RemoteStoreError: the directory cannot be created.
+            ``make_parents``); ``max_bytes`` is not a positive int;
+            ``on_evict`` is not callable or comes without ``max_bytes``.
+        FeatureUnavailableError: ``direct_io`` on a file system that
+            refuses ``O_DIRECT`` (the message names the directory and the fix).
+        RemoteStoreError: the directory cannot be created or listed.
 
     Thread safety: all methods may run in several threads and processes
     at once; concurrent ``put`` of one key leaves one of the entries whole.
+
+    Bounded stores: the index holds the entries found in the directory at
+    open (oldest first by their files' times) and those this store wrote
+    since; hits move an entry to the most recently used end; a put that
+    takes the total over ``max_bytes`` evicts from the other end, never
+    an entry that a batched put in flight is writing, and never an entry
+    another process rewrote since this one recorded it (that one is left
+    in place and leaves this index).  A directory found over the bound is
+    brought under it by the next put, so a store that only reads never
+    removes anything.  An entry larger than ``max_bytes`` is refused
+    (``InvalidArgumentError``).  Each process keeps its own index, so
+    with several processes writing one directory the bound holds per
+    process: the directory holds at most the sum of their bounds (give
+    each its share for one bound over all).  While puts are in flight the
+    directory also holds their new files, and up to ``io_threads + 1``
+    spare files of ``reuse_files`` (neither counted).  Evictions and the
+    entries ``on_evict`` got are counted under ``evict`` in ``counters``.
+
+    Direct I/O: a put or get whose payload's address and length are
+    multiples of 4096 (page-aligned rows) moves it with ``O_DIRECT``; the
+    header is padded to 4096 bytes so the payload stays aligned in the
+    file (entries stay readable by stores opened without ``direct_io``,
+    and the other way round).  Unaligned payloads go through the page
+    cache, counted as ``put_buffered`` and ``get_buffered``.
     """
 
     def __init__(
@@ -160,13 +212,27 @@ class FileStore(RemoteStore):
         reuse_files: bool = True,
         cleanup_temp_age_s: float | None = 60.0,
         make_parents: bool = False,
+        max_bytes: int | None = None,
+        on_evict: Callable[[list[bytes]], object] | None = None,
+        direct_io: bool = False,
     ) -> None:
         checksum = check_bool("checksum", checksum)
         durable = check_bool("durable", durable)
         reuse_files = check_bool("reuse_files", reuse_files)
+        direct_io = check_bool("direct_io", direct_io)
         if cleanup_temp_age_s is not None:
             cleanup_temp_age_s = check_seconds(
                 "cleanup_temp_age_s", cleanup_temp_age_s, allow_none=True, allow_zero=True
+            )
+        if max_bytes is not None:
+            max_bytes = check_size(
+                "max_bytes", max_bytes, fix="give the bound in bytes, or None for no bound"
+            )
+        check_callable("on_evict", on_evict, allow_none=True)
+        if on_evict is not None and max_bytes is None:
+            raise InvalidArgumentError(
+                "on_evict is called when a bounded store evicts, and this store has no bound; "
+                "give max_bytes too, or leave on_evict out"
             )
         super().__init__(io_threads)
         try:
@@ -191,6 +257,33 @@ class FileStore(RemoteStore):
         self._spares = Spares(io_threads + 1)
         if cleanup_temp_age_s is not None:
             self.cleanup_temp(cleanup_temp_age_s)
+        self._direct = direct_io
+        if direct_io:
+            probe(self.directory)
+        self._bound: Bound | None = None
+        self._evictor: Evictor | None = None
+        if max_bytes is not None:
+            self._bound = Bound(max_bytes)
+            self._bound.load(scan(self.directory))
+            self._evictor = Evictor(
+                self._bound,
+                self._bprefix,
+                self._seq,
+                self._spares,
+                self.counters,
+                on_evict,
+                repr(self),
+            )
+
+    @property
+    def bound(self) -> Bound | None:
+        """The index of a bounded store (``max_bytes``), or None.
+
+        Its ``used`` bytes, ``max_bytes``, ``len()`` (entries) and
+        ``problems()`` (broken invariants, for tests) describe what this
+        process knows of the directory (see "Bounded stores").
+        """
+        return self._bound
 
     # -- names -------------------------------------------------------
 
@@ -207,9 +300,14 @@ class FileStore(RemoteStore):
 
     def _bpath(self, kb: bytes) -> bytes:
         """``_path(kb)`` as bytes, for the C calls (no decode for a plain key)."""
+        return self._bprefix + self._bname(kb)
+
+    @staticmethod
+    def _bname(kb: bytes) -> bytes:
+        """The entry's file name as bytes (the bound's index is keyed by it)."""
         if plain_name(kb):
-            return self._bprefix + b"k" + kb
-        return os.fsencode(self._path(kb))
+            return b"k" + kb
+        return os.fsencode(entry_name(kb))
 
     def _where(self, action: str, kb: bytes) -> str:
         return f"{action} {kb!r} ({self._path(kb)})"
@@ -237,12 +335,15 @@ class FileStore(RemoteStore):
         """
         kb = key_bytes(key)
         self._check_open()
+        evicted: list[bytes] = []
         hold(memory_obj, "put")
         try:
             header, view = encode_entry(memory_obj, self._checksum)
-            self._write(self._bpath(kb), header, view, kb)
+            self._write(self._bname(kb), header, view, kb, evicted)
         finally:
             release(memory_obj)
+            if evicted:
+                self._evictor.report(evicted)  # type: ignore[union-attr]
 
     def batched_put(self, keys: Sequence[Key], memory_objs: Sequence[MemoryObj]) -> None:
         """``put`` of each pair (see :meth:`RemoteStore.batched_put`).
@@ -270,14 +371,42 @@ class FileStore(RemoteStore):
             return super().batched_put(keys, memory_objs)
         self._check_open()
         keys, objs = list(keys), list(memory_objs)
-        bounds = self._bounds(keys, batch_nbytes(objs))
-        if len(bounds) < 2:
-            raise_first(self._write_batch(keys, objs))
-            return None
-        parts = [(keys[a:b], objs[a:b]) for a, b in bounds]
-        outcomes = run_parts(self._get_executor(), self._nested(self._write_batch), parts)
-        raise_first([r for part in outcomes for r in (part if isinstance(part, list) else [part])])
+        with self._guard(keys):
+            bounds = self._bounds(keys, batch_nbytes(objs))
+            if len(bounds) < 2:
+                raise_first(self._write_batch(keys, objs))
+                return None
+            parts = [(keys[a:b], objs[a:b]) for a, b in bounds]
+            outcomes = run_parts(self._get_executor(), self._nested(self._write_batch), parts)
+            flat = [r for part in outcomes for r in (part if isinstance(part, list) else [part])]
+            raise_first(flat)
         return None
+
+    @contextlib.contextmanager
+    def _guard(self, keys: Sequence[Key]) -> Iterator[None]:
+        """Keep a batched put's entries from eviction while it runs (a bounded store).
+
+        When it ends, the entries then over the bound are evicted and
+        reported in this thread.  :class:`~kvpool.remote.file.aio.AsyncFileStore`
+        guards the batches it splits the same way.
+        """
+        bound = self._bound
+        if bound is None:
+            yield
+            return
+        names = []
+        for key in keys:
+            with contextlib.suppress(KVPoolError):  # a bad key fails its own pair
+                names.append(self._bname(key_bytes(key)))
+        bound.protect(names)
+        evicted: list[bytes] = []
+        try:
+            yield
+        finally:
+            try:
+                self._evictor.remove(bound.release(names), self._reuse, evicted)  # type: ignore[union-attr]
+            finally:
+                self._evictor.report(evicted)  # type: ignore[union-attr]
 
     def _bounds(self, keys: Sequence[Key], nbytes: int) -> list[tuple[int, int]]:
         """The parts a batch is split into: one without I/O threads or with a repeated key."""
@@ -294,6 +423,7 @@ class FileStore(RemoteStore):
         held: list[MemoryObj] = []
         results: list[Exception | None] = [None] * len(objs)
         ready: list[tuple[int, bytes, bytes, bytes, memoryview]] = []
+        evicted: list[bytes] = []
         try:
             for i, (key, obj) in enumerate(zip(keys, objs, strict=True)):
                 try:
@@ -308,36 +438,74 @@ class FileStore(RemoteStore):
                 except Exception as exc:
                     results[i] = exc
                     continue
-                ready.append((i, kb, self._bpath(kb), header, view))
-            for i, kb, path, header, view in ready:
+                ready.append((i, kb, self._bname(kb), header, view))
+            for i, kb, name, header, view in ready:
                 try:
-                    self._write(path, header, view, kb)
+                    self._write(name, header, view, kb, evicted)
                 except Exception as exc:
                     results[i] = exc
         finally:
             for obj in held:
                 release(obj)
+            if evicted:
+                self._evictor.report(evicted)  # type: ignore[union-attr]
         return results
 
-    def _write(self, path: bytes, header: bytes, view: memoryview, kb: bytes) -> None:
-        """Write the entry (one C call: ``pinmem_entry_write``) into a spare or a new file."""
+    def _write(
+        self, name: bytes, header: bytes, view: memoryview, kb: bytes, evicted: list[bytes]
+    ) -> None:
+        """Write the entry (one C call: ``pinmem_entry_write``) into a spare or a new file.
+
+        A bounded store then records it and evicts what no longer fits,
+        adding the keys evicted to ``evicted`` (the caller reports them).
+        """
+        path = self._bprefix + name
+        direct = entry_calls.DIRECT if self._direct else 0
+        if direct:
+            header = padded(header)
+        bound = self._bound
+        if bound is None:
+            stamp = entry_calls.new_stamp() if direct else None
+            self._place(path, header, view, kb, direct, stamp)
+        else:
+            if len(header) + view.nbytes > bound.max_bytes:
+                raise InvalidArgumentError(
+                    f"{self._where('put', kb)}: the entry takes {len(header) + view.nbytes} "
+                    f"bytes (header included), more than the store's max_bytes of "
+                    f"{bound.max_bytes}; raise max_bytes, or store smaller chunks"
+                )
+            stamp = entry_calls.new_stamp()
+            # The key's lock: the index records one key's files in the order
+            # they got its name, and a delete of the key is not in between.
+            with bound.lock_for(name):
+                self._place(path, header, view, kb, direct, stamp)
+                victims = bound.stored(name, kb, entry_calls.stamp_of(stamp))
+            self._evictor.remove(victims, self._reuse, evicted)  # type: ignore[union-attr]
+        if direct and not stamp.direct:
+            self.counters.observe("put_buffered", 0.0, nbytes=view.nbytes)
+
+    def _place(
+        self, path: bytes, header: bytes, view: memoryview, kb: bytes, direct: int, stamp: Any
+    ) -> None:
+        """The C write of :meth:`_write`: into a spare, or a new temporary file, then renamed."""
         try:
             if self._reuse:
                 spare = self._spares.take()
                 if spare is not None:
-                    outcome = entry_calls.write_entry(
-                        spare, path, header, view, entry_calls.SPARE | entry_calls.EXCHANGE
-                    )
+                    flags = entry_calls.SPARE | entry_calls.EXCHANGE | direct
+                    outcome = entry_calls.write_entry(spare, path, header, view, flags, stamp)
                     if outcome != entry_calls.SPARE_UNUSABLE:
                         if outcome == entry_calls.SWAPPED:
                             self._spares.give(spare)  # it now names the entry this put replaced
                         return
                     # Missing, not ours to write, or a reader still on it: discarded.
             tmp = temp_name(self._bprefix, next(self._seq))
-            flags = (entry_calls.EXCHANGE if self._reuse else 0) | (
-                entry_calls.SYNC if self._durable else 0
+            flags = (
+                (entry_calls.EXCHANGE if self._reuse else 0)
+                | (entry_calls.SYNC if self._durable else 0)
+                | direct
             )
-            outcome = entry_calls.write_entry(tmp, path, header, view, flags)
+            outcome = entry_calls.write_entry(tmp, path, header, view, flags, stamp)
         except OSError as exc:
             if isinstance(exc, KVPoolError):
                 raise
@@ -390,11 +558,14 @@ class FileStore(RemoteStore):
         kb = key_bytes(key)
         self._check_open()
         layout, fmt = get_request(allocator, shapes, dtypes, fmt)
+        got: Any = _CAREFUL
         if layout is not None and fmt is not None:
             got = self._get_direct(kb, allocator, layout, fmt)
-            if got is not _CAREFUL:
-                return got  # type: ignore[return-value]
-        return self._get_careful(kb, allocator, layout, fmt)
+        if got is _CAREFUL:
+            got = self._get_careful(kb, allocator, layout, fmt)
+        if self._bound is not None and got is not None:
+            self._bound.touch((self._bname(kb),), (True,))
+        return got  # type: ignore[no-any-return]
 
     def _get_direct(
         self, kb: bytes, allocator: MemoryAllocatorInterface, layout: Layout, fmt: MemoryFormat
@@ -424,6 +595,8 @@ class FileStore(RemoteStore):
         ``obj`` is freed unless it is returned.
         """
         try:
+            if self._direct:
+                return self._read_aligned(kb, obj, view, layout, fmt)
             header = bytearray(layout.header_size)
             outcome, n = entry_calls.read_entry(self._bpath(kb), header, view)
             if outcome == entry_calls.READ:
@@ -439,6 +612,30 @@ class FileStore(RemoteStore):
             if isinstance(exc, OSError) and not isinstance(exc, KVPoolError):
                 raise self._os_error(exc, "get", kb) from exc
             raise
+        discard(obj, view)
+        return _CAREFUL
+
+    def _read_aligned(
+        self, kb: bytes, obj: MemoryObj, view: memoryview, layout: Layout, fmt: MemoryFormat
+    ) -> MemoryObj | object | None:
+        """:meth:`_read_direct` of a ``direct_io`` store: a padded header, ``O_DIRECT``.
+
+        Raises what the read raises; the caller frees ``obj`` then.
+        """
+        header = bytearray(-(-layout.header_size // ALIGN) * ALIGN)
+        stamp = entry_calls.new_stamp()
+        outcome, n = entry_calls.read_entry(
+            self._bpath(kb), header, view, entry_calls.DIRECT, stamp
+        )
+        if outcome == entry_calls.READ:
+            if not stamp.direct:
+                self.counters.observe("get_buffered", 0.0, nbytes=view.nbytes)
+            whole = n == len(header) + layout.nbytes
+            if whole and is_full_padded(header, layout, fmt, view, "get"):
+                return obj
+        elif outcome == entry_calls.MISSING:
+            discard(obj, view)
+            return None
         discard(obj, view)
         return _CAREFUL
 
@@ -470,16 +667,20 @@ class FileStore(RemoteStore):
         request = (allocator, layout, req_fmt, shapes, dtypes, fmt)
         bounds = self._bounds(kbs, len(kbs) * layout.nbytes)
         if len(bounds) < 2:
-            return self._read_batch(kbs, *request)
-        parts = [(kbs[a:b], *request) for a, b in bounds]
-        outcomes = run_parts(self._get_executor(), self._nested(self._read_batch), parts)
-        failed = [o for o in outcomes if isinstance(o, BaseException)]
-        if failed:
-            for part in outcomes:
-                for obj in part if isinstance(part, list) else ():
-                    discard(obj)
-            raise failed[0]
-        return [obj for part in outcomes for obj in part]
+            out = self._read_batch(kbs, *request)
+        else:
+            parts = [(kbs[a:b], *request) for a, b in bounds]
+            outcomes = run_parts(self._get_executor(), self._nested(self._read_batch), parts)
+            failed = [o for o in outcomes if isinstance(o, BaseException)]
+            if failed:
+                for part in outcomes:
+                    for obj in part if isinstance(part, list) else ():
+                        discard(obj)
+                raise failed[0]
+            out = [obj for part in outcomes for obj in part]
+        if self._bound is not None:
+            self._bound.touch([self._bname(kb) for kb in kbs], [o is not None for o in out])
+        return out
 
     def _read_batch(
         self,
@@ -534,19 +735,26 @@ class FileStore(RemoteStore):
         layout: Layout | None,
         fmt: MemoryFormat | None,
     ) -> MemoryObj | None:
-        """A get step by step in Python (:mod:`kvpool.remote.file.careful`): every error named."""
+        """A get step by step in Python (:mod:`kvpool.remote.file.careful`): every error named.
+
+        It reads through the page cache, also in a ``direct_io`` store
+        (counted there as ``get_buffered``).
+        """
         fd = self._open_entry(kb, "get")
         if fd is None:
             return None
         try:
             keyed = allocator_for(allocator, kb)
-            return read_entry(fd, keyed, layout, fmt, lambda: self._where("get", kb))
+            got = read_entry(fd, keyed, layout, fmt, lambda: self._where("get", kb))
         except OSError as exc:
             if isinstance(exc, KVPoolError):
                 raise
             raise self._os_error(exc, "get", kb) from exc
         finally:
             os.close(fd)
+        if self._direct:
+            self.counters.observe("get_buffered", 0.0, nbytes=got.get_size())
+        return got
 
     def _open_entry(self, kb: bytes, action: str) -> int | None:
         """The careful open of ``kb``'s entry (:func:`~kvpool.remote.file.io.open_entry`).
@@ -570,16 +778,40 @@ class FileStore(RemoteStore):
     # -- the rest ----------------------------------------------------
 
     def exists(self, key: Key) -> bool:
-        """True when a file for ``key`` exists (see :meth:`RemoteStore.exists`)."""
+        """True when a file for ``key`` exists (see :meth:`RemoteStore.exists`).
+
+        In a bounded store a hit makes the entry the most recently used.
+        """
         kb = key_bytes(key)
         self._check_open()
+        found = self._exists(kb)
+        if self._bound is not None and found:
+            self._bound.touch((self._bname(kb),), (True,))
+        return found
+
+    def _exists(self, kb: bytes) -> bool:
         try:
-            os.stat(self._path(kb), follow_symlinks=False)
+            os.stat(self._bpath(kb), follow_symlinks=False)
         except FileNotFoundError:
             return False
         except OSError as exc:
             raise self._os_error(exc, "exists", kb) from exc
         return True
+
+    def batched_exists(self, keys: Sequence[Key]) -> list[bool]:
+        """``exists`` of each key, in order (one ``stat`` each).
+
+        In a bounded store the hits become the most recently used, in the
+        keys' order.
+
+        It raises what :meth:`exists` raises.
+        """
+        kbs = key_list(keys)
+        self._check_open()
+        found = [self._exists(kb) for kb in kbs]
+        if self._bound is not None:
+            self._bound.touch([self._bname(kb) for kb in kbs], found)
+        return found
 
     def delete(self, key: Key) -> bool:
         """Remove the file of ``key`` (see :meth:`RemoteStore.delete`).
@@ -589,7 +821,10 @@ class FileStore(RemoteStore):
         kb = key_bytes(key)
         self._check_open()
         try:
-            os.unlink(self._path(kb))
+            if self._bound is None:
+                os.unlink(self._bpath(kb))
+            else:
+                self._unlink_recorded(self._bpath(kb), self._bname(kb))
         except FileNotFoundError:
             return False
         except OSError as exc:
@@ -611,7 +846,18 @@ class FileStore(RemoteStore):
         """
         pb = prefix_bytes(prefix)
         self._check_open()
-        return remove_prefix(self.directory, pb)
+        if self._bound is None:
+            return remove_prefix(self.directory, pb)
+        return remove_prefix(
+            self.directory, pb, lambda path, name: self._unlink_recorded(path, os.fsencode(name))
+        )
+
+    def _unlink_recorded(self, path: str | bytes, name: bytes) -> None:
+        """Unlink an entry's file and drop its record: one step for the key's other calls."""
+        bound: Bound = self._bound  # type: ignore[assignment]
+        with bound.lock_for(name):
+            os.unlink(path)
+            bound.forget((name,))
 
     def head(self, key: Key) -> EntryInfo | None:
         """The stored header of ``key`` (see :meth:`RemoteStore.head`).
