@@ -43,13 +43,19 @@ When none is found (or its imports fail) the benchmark is reported as
 skipped, with the reason, and the run goes on.  :func:`register` adds a
 benchmark at run time (for tools and tests).
 
+What a benchmark needs that a machine may lack (a client, a server, Mooncake,
+LMCache, SGLang) its ``check`` finds without running it
+(:mod:`kvpool.cli.bench.needs`): ``--list`` marks it, a run skips a benchmark
+that cannot run at all and prints the reason next to each "n/a" of the rows
+it had to leave out.
+
 JSON (``--json FILE``)
 ----------------------
 ``{"kvpool": version, "settings": {...}, "machine": {...},
 "benchmarks": {name: {"title", "status" ("ok"/"skipped"/"error"), "note",
 "subject", "baseline", "variants", "wall_s", "info", "metrics": {key:
 {"label", "unit", "higher_is_better", "ratio", "ratio_median", "variants":
-{variant: {"trials": [...], "best", "median"}}}}}}}``.
+{variant: {"trials": [...], "best", "median"}}}}, "left_out": {key: why}}}}``.
 """
 
 from __future__ import annotations
@@ -62,6 +68,7 @@ from kvpool.cli.bench.core import (
     Benchmark,
     BenchmarkResult,
     Case,
+    Lack,
     Metric,
     MetricResult,
     Settings,
@@ -75,6 +82,7 @@ __all__ = [
     "Benchmark",
     "BenchmarkResult",
     "Case",
+    "Lack",
     "Metric",
     "MetricResult",
     "OptionalSource",

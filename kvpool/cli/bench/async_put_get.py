@@ -32,8 +32,9 @@ its threads), which load on the machine disturbs far less than the
 wall-clock figures.  Each Mooncake store has a pool of its own (a
 pool is registered with one client once) and each kind its own client;
 Mooncake keys are new every round and removed after it (a Mooncake put
-keeps the first value of a key).  A missing server skips its half, with
-the reason in ``info``.  Run alone:
+keeps the first value of a key).  A half that cannot run here (no redis
+client or server, no Mooncake) is left out, its rows "n/a" with the reason
+and the fix.  Run alone:
 ``kvpool bench --only async_put_get --repeat 15``.
 """
 
@@ -49,7 +50,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from kvpool.cli.bench.core import Benchmark, Case, Metric, MiB, Settings, SkipBenchmark
+from kvpool.cli.bench import needs
+from kvpool.cli.bench.core import Benchmark, Case, Lack, Metric, MiB, Settings, SkipBenchmark
 from kvpool.formats import MemoryFormat
 
 __all__ = ["ASYNC_PUT_GET", "kvpool_benchmark"]
@@ -60,6 +62,12 @@ _CHUNK = _SHAPE.numel() * _DTYPE.itemsize
 _CHUNKS = 32
 _FMT = MemoryFormat.KV_2LTD
 _PER_ROUND = _CHUNKS * _CHUNK
+#: The stores measured, in the table's order: metric prefix -> label.
+_LABELS = {
+    "cluster": "cluster (3 masters)",
+    "mooncake": "Mooncake",
+    "headerless": "Mooncake headerless",
+}
 
 
 class _Side:
@@ -107,17 +115,20 @@ def _setup(settings: Settings) -> Case:
             except Exception as exc:  # the other steps still run
                 info.setdefault("cleanup_errors", []).append(f"{type(exc).__name__}: {exc}")
 
+    skipped: dict[str, str] = {}  # store -> why it is left out here
     try:
         try:
             server, cli = cluster_binaries()
         except SkipBenchmark as exc:
             info["cluster"] = f"skipped: {exc}"
+            skipped["cluster"] = str(exc)
         else:
             _cluster(settings, server, cli, loop, sides, info, undo)
         try:
             folder = mooncake_folder()
         except SkipBenchmark as exc:
             info["mooncake"] = f"skipped: {exc}"
+            skipped["mooncake"] = skipped["headerless"] = str(exc)
         else:
             undo.append(mooncake_env())
             _mooncake(settings, folder, loop, sides, info, undo)
@@ -168,17 +179,12 @@ def _setup(settings: Settings) -> Case:
     for kind in sides:
         history[kind].clear()
         cpu_history[kind].clear()
-    names = list(sides["async"])
-    labels = {
-        "cluster": "cluster (3 masters)",
-        "mooncake": "Mooncake",
-        "headerless": "Mooncake headerless",
-    }
     metrics = [
-        Metric(f"{n}_{op}", f"{labels[n]} {op} {_CHUNKS} x 2 MiB", "GB/s", True)
-        for n in names
+        Metric(f"{n}_{op}", f"{label} {op} {_CHUNKS} x 2 MiB", "GB/s", True)
+        for n, label in _LABELS.items()
         for op in ("put", "get")
     ]
+    left_out = {f"{n}_{op}": why for n, why in skipped.items() for op in ("put", "get")}
     subject = "asyncio stores (awaited)"
     baseline = "blocking stores"
     return Case(
@@ -188,6 +194,7 @@ def _setup(settings: Settings) -> Case:
         baseline=baseline,
         info=info,
         cleanup=cleanup,
+        left_out=left_out,
     )
 
 
@@ -327,10 +334,22 @@ def _mooncake_side(store: Any, awaited: bool, pool: Any, src: list[Any], run: An
     )
 
 
+def _lacks() -> list[Lack]:
+    """What this machine lacks for each half (both: for the whole benchmark)."""
+    from kvpool.cli.bench.cluster_put_get import cluster_lacks
+
+    halves = {"the cluster rows": cluster_lacks(), "the Mooncake rows": needs.mooncake()}
+    missing = [Lack(part, why) for part, why in halves.items() if why is not None]
+    if len(missing) == len(halves):
+        return [Lack("", "; ".join(f"{lack.part}: {lack.reason}" for lack in missing))]
+    return missing
+
+
 ASYNC_PUT_GET = Benchmark(
     "async_put_get",
     "AsyncRedisClusterStore / AsyncMooncakeStore vs their blocking stores, 32 x 2 MiB batches",
     _setup,
+    _lacks,
 )
 
 

@@ -6,9 +6,12 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvpool.cli.args import positive_int, size_arg
+
+if TYPE_CHECKING:
+    from kvpool.cli.bench.core import Lack
 
 __all__ = ["DEFAULT_REPEAT", "QUICK_SCALE", "add_parser", "run_bench"]
 
@@ -115,15 +118,30 @@ def _selected(args: argparse.Namespace) -> list[str]:
     return [n for n in names() if (not only or n in only) and n not in skip]
 
 
+def _whole(lacks: list[Lack]) -> str | None:
+    """Why a benchmark cannot run here at all, from its lacks (None: it can, in part or whole)."""
+    whole = [lack.reason for lack in lacks if not lack.part]
+    return "; ".join(whole) if whole else None
+
+
 def _list() -> int:
     from kvpool.cli.bench import OPTIONAL, SkipBenchmark, names, resolve
 
     for name in names():
         try:
-            title = resolve(name).title
+            bench = resolve(name)
         except SkipBenchmark as exc:
-            title = f"{OPTIONAL[name].title if name in OPTIONAL else name} [cannot run here: {exc}]"
-        print(f"{name:16s} {title}")
+            title = OPTIONAL[name].title if name in OPTIONAL else name
+            print(f"{name:16s} {title} [cannot run here: {exc}]")
+            continue
+        lacks = bench.lacks()
+        whole = _whole(lacks)
+        marks = (
+            [f"cannot run here: {whole}"]
+            if whole
+            else [f"here without {lack.part}: {lack.reason}" for lack in lacks]
+        )
+        print(f"{name:16s} {bench.title}" + "".join(f" [{mark}]" for mark in marks))
     return 0
 
 
@@ -185,6 +203,10 @@ def run_bench(args: argparse.Namespace) -> int:
     for name in selected:
         try:
             found[name] = resolve(name)
+            # Found by looking, not by starting servers: skipped as if setup had said so.
+            whole = _whole(found[name].lacks())
+            if whole:
+                raise SkipBenchmark(whole)
         except SkipBenchmark as exc:
             if name in asked:
                 print(f"kvpool bench: {name} cannot run here: {exc}", file=sys.stderr)

@@ -17,7 +17,6 @@ timing.  Run alone: ``kvpool bench --only cluster_put_get``.
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 import time
 from typing import Any
@@ -25,10 +24,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from kvpool.cli.bench.core import Benchmark, Case, Metric, MiB, Settings, SkipBenchmark
+from kvpool.cli.bench import needs
+from kvpool.cli.bench.core import Benchmark, Case, Lack, Metric, MiB, Settings, SkipBenchmark
 from kvpool.formats import MemoryFormat
 
-__all__ = ["CLUSTER_PUT_GET", "cluster_binaries", "kvpool_benchmark"]
+__all__ = ["CLUSTER_PUT_GET", "cluster_binaries", "cluster_lacks", "kvpool_benchmark"]
 
 _SHAPE = torch.Size([2, 16, 64, 128])  # 512 KiB of bfloat16
 _DTYPE = torch.bfloat16
@@ -37,14 +37,18 @@ _CHUNKS = 64
 _FMT = MemoryFormat.KV_2LTD
 
 
+def cluster_lacks() -> str | None:
+    """Why no cluster can be measured here (the redis client, a server, its cli), or None."""
+    return needs.redis_client() or needs.redis_cluster_tools()
+
+
 def cluster_binaries() -> tuple[str, str]:
     """``(redis-server, redis-cli)`` (or the valkey ones), or SkipBenchmark saying what lacks."""
+    why = cluster_lacks()
     server = shutil.which("redis-server") or shutil.which("valkey-server")
     cli = shutil.which("redis-cli") or shutil.which("valkey-cli")
-    if server is None or cli is None:
-        raise SkipBenchmark("no redis-server/redis-cli on PATH (apt-get install redis-server)")
-    if importlib.util.find_spec("redis") is None:
-        raise SkipBenchmark("the redis client is not installed (pip install 'kvpool[redis]')")
+    if why is not None or server is None or cli is None:
+        raise SkipBenchmark(why or f"no redis-server or redis-cli on PATH ({needs.SERVER_FIX})")
     return server, cli
 
 
@@ -140,6 +144,7 @@ CLUSTER_PUT_GET = Benchmark(
     "cluster_put_get",
     "RedisClusterStore put/get of 64 x 512 KiB on 3 masters vs RedisStore on one server",
     _setup,
+    lambda: [Lack("", why)] if (why := cluster_lacks()) else [],
 )
 
 

@@ -32,6 +32,7 @@ __all__ = [
     "Benchmark",
     "BenchmarkResult",
     "Case",
+    "Lack",
     "Metric",
     "MetricResult",
     "Settings",
@@ -119,6 +120,9 @@ class Case:
         baseline: the naive variant the subject is compared with.
         info: parameters, what kvpool actually got, notes (JSON-able).
         cleanup: called once after the last trial (also on error).
+        left_out: metric key -> why it cannot be measured here, with the fix
+            (e.g. a server that is missing); the table prints the reason next
+            to its "n/a".
     """
 
     metrics: list[Metric]
@@ -127,6 +131,21 @@ class Case:
     baseline: str
     info: dict[str, Any] = field(default_factory=dict)
     cleanup: Callable[[], None] | None = None
+    left_out: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Lack:
+    """Something this machine lacks for a benchmark, found without running it.
+
+    Attributes:
+        part: what cannot run: "" for the whole benchmark, else its rows
+            that need it (e.g. "the Redis rows").
+        reason: why, ending with the command that fixes it.
+    """
+
+    part: str
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -138,11 +157,20 @@ class Benchmark:
         title: one line for the table.
         setup: builds the :class:`Case` for the given settings.  Raising
             :class:`SkipBenchmark` skips it with the reason.
+        check: what this machine lacks for it (:class:`Lack`, none when it
+            can run in full), found by looking for modules and programs
+            only: ``kvpool bench --list`` calls it, and a run does before
+            ``setup`` (a whole-benchmark lack skips it).  None: nothing to check.
     """
 
     name: str
     title: str
     setup: Callable[[Settings], Case]
+    check: Callable[[], list[Lack]] | None = None
+
+    def lacks(self) -> list[Lack]:
+        """What :attr:`check` finds missing here ([] without a check)."""
+        return [] if self.check is None else self.check()
 
 
 class SkipBenchmark(Exception):
@@ -213,7 +241,8 @@ class BenchmarkResult:
     """What one benchmark produced: figures, or the reason it has none.
 
     ``status`` is "ok", "skipped" (with ``note``) or "error" (with ``note``
-    and ``traceback``).
+    and ``traceback``); ``left_out`` is the case's (metric key -> why not
+    measured here).
     """
 
     name: str
@@ -227,6 +256,7 @@ class BenchmarkResult:
     info: dict[str, Any] = field(default_factory=dict)
     wall_s: float = 0.0
     traceback: str = ""
+    left_out: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form (see the ``--json`` description in :mod:`kvpool.cli.bench`)."""
@@ -240,6 +270,7 @@ class BenchmarkResult:
             "wall_s": self.wall_s,
             "info": self.info,
             "metrics": {m.metric.key: m.to_dict() for m in self.metrics},
+            "left_out": dict(self.left_out),
         }
         if self.traceback:
             out["traceback"] = self.traceback
@@ -285,6 +316,10 @@ def run_benchmark(
             if needed not in case.variants:
                 raise ValueError(f"{bench.name}: no variant named {needed!r}")
         metrics = {m.key: m for m in case.metrics}
+        unknown = [key for key in case.left_out if key not in metrics]
+        if unknown:
+            raise ValueError(f"{bench.name}: left_out names unknown metrics {unknown}")
+        result.left_out = dict(case.left_out)
         trials: dict[str, dict[str, list[float]]] = {m.key: {} for m in case.metrics}
         names = list(case.variants)
         step = weight / (settings.repeat * len(names))

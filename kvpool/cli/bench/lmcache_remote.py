@@ -79,7 +79,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from kvpool.cli.bench.core import Benchmark, Case, Metric, Settings, SkipBenchmark
+from kvpool.cli.bench import needs
+from kvpool.cli.bench.core import Benchmark, Case, Lack, Metric, Settings, SkipBenchmark
 from kvpool.cli.bench.lmcache_configs import CONTENDERS, PAIRS, STORES, Pair, engine_yaml
 
 __all__ = ["DEFAULT_CHUNKS", "DEFAULT_ROUNDS", "KV_SHAPE", "Harness", "kvpool_benchmark", "main"]
@@ -103,13 +104,9 @@ KVPOOL_ROOT = str(Path(__file__).resolve().parents[3])
 
 def require_lmcache() -> str:
     """LMCache's version, or SkipBenchmark saying how to get an environment that has it."""
-    if importlib.util.find_spec("lmcache") is None:
-        raise SkipBenchmark(
-            "LMCache is not installed in this Python; install it into this environment with "
-            "`python -m kvpool install-lmcache` (or, from a clone, run the benchmark with the "
-            "compat environment's python: `$(python tests/compat/make_venv.py) -m kvpool bench "
-            "--only lmcache_remote`)"
-        )
+    why = needs.lmcache()
+    if why is not None:
+        raise SkipBenchmark(why)
     try:
         return importlib.metadata.version("lmcache")
     except importlib.metadata.PackageNotFoundError:
@@ -621,9 +618,17 @@ def _setup(settings: Settings) -> Case:
     harness.info.update({"lmcache": version, "rounds_per_trial": rounds})
     metrics = [
         Metric(f"{p.key}_{w}", f"{p.key} {w} vs {CONTENDERS[p.lmcache].label}", "s")
-        for p in harness.pairs
+        for p in PAIRS
         for w in ("put", "get")
     ]
+    left_out: dict[str, str] = {}
+    for p in PAIRS:
+        why = harness.stack.missing.get(CONTENDERS[p.kvpool].store) or "; ".join(
+            f"{name} did not set up: {harness.errors[name]}"
+            for name in (p.kvpool, p.lmcache)
+            if name in harness.errors
+        )
+        left_out.update({f"{p.key}_{w}": why for w in ("put", "get") if why})
     trial: dict[str, dict[str, float]] = {}
 
     def side(name: str) -> Any:
@@ -653,13 +658,31 @@ def _setup(settings: Settings) -> Case:
         baseline="LMCache connector",
         info=harness.info,
         cleanup=harness.close,
+        left_out=left_out,
     )
+
+
+def _lacks() -> list[Lack]:
+    """LMCache missing (the whole benchmark), else the pairs whose server cannot start here."""
+    from kvpool.cli.bench.lmcache_stack import STORE_NEEDS
+
+    why = needs.lmcache()
+    if why is not None:
+        return [Lack("", why)]
+    lacks = []
+    for store, probe in STORE_NEEDS.items():
+        reason = probe()
+        rows = [p.key for p in PAIRS if CONTENDERS[p.kvpool].store == store]
+        if reason is not None and rows:
+            lacks.append(Lack(f"the {'/'.join(rows)} rows", reason))
+    return lacks
 
 
 LMCACHE_REMOTE = Benchmark(
     "lmcache_remote",
     "LMCache StorageManager put/get of 32 x 2 MiB: kvpool's plugin vs LMCache's connectors",
     _setup,
+    _lacks,
 )
 
 

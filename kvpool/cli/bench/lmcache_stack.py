@@ -22,13 +22,22 @@ import importlib.util
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from kvpool.cli.bench import needs
 from kvpool.cli.bench.lmcache_configs import STORES, Endpoints
 
-__all__ = ["MOONCAKE_ENV", "Stack"]
+__all__ = ["MOONCAKE_ENV", "STORE_NEEDS", "Stack"]
+
+#: What each store kind needs here: a probe giving why not, with the fix (None: it can start).
+STORE_NEEDS: dict[str, Callable[[], str | None]] = {
+    "redis": lambda: needs.redis_client() or needs.redis_server(),
+    "cluster": lambda: needs.redis_client() or needs.redis_cluster_tools(),
+    "file": lambda: None,
+    "mooncake": needs.mooncake,
+}
 
 #: Environment of every Mooncake client of the run (the parent's and the children's).
 MOONCAKE_ENV = {"MC_TCP_BIND_ADDRESS": "127.0.0.1", "MC_LOG_LEVEL": "ERROR"}
@@ -94,6 +103,10 @@ class Stack:
         at: dict[str, str | None] = {}
         try:
             for kind in stores:
+                why = STORE_NEEDS[kind]()
+                if why is not None:  # found by looking: nothing to start
+                    self.missing[kind] = why
+                    continue
                 try:
                     getattr(self, f"_start_{kind}")(at, round_bytes)
                 except (RuntimeError, OSError, ImportError) as exc:

@@ -22,7 +22,6 @@ timing.  Run alone: ``kvpool bench --only mooncake_put_get``.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import time
 from collections.abc import Callable
@@ -32,7 +31,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from kvpool.cli.bench.core import Benchmark, Case, Metric, MiB, Settings, SkipBenchmark
+from kvpool.cli.bench import needs
+from kvpool.cli.bench.core import Benchmark, Case, Lack, Metric, MiB, Settings, SkipBenchmark
 from kvpool.formats import MemoryFormat
 
 __all__ = ["MOONCAKE_PUT_GET", "kvpool_benchmark", "mooncake_env", "mooncake_folder"]
@@ -46,12 +46,10 @@ _FMT = MemoryFormat.KV_2LTD
 
 def mooncake_folder() -> Path:
     """The installed ``mooncake`` package folder (its binaries), or SkipBenchmark saying why not."""
-    spec = importlib.util.find_spec("mooncake")
-    if spec is None or not spec.submodule_search_locations:
-        raise SkipBenchmark("Mooncake is not installed (pip install 'kvpool[mooncake]')")
-    folder = Path(next(iter(spec.submodule_search_locations)))
-    if not (folder / "mooncake_master").exists():
-        raise SkipBenchmark(f"no mooncake_master in {folder}")
+    why = needs.mooncake()
+    folder = needs.mooncake_folder()
+    if why is not None or folder is None:
+        raise SkipBenchmark(why or "Mooncake is not installed (pip install 'kvpool[mooncake]')")
     try:
         import mooncake.store  # noqa: F401
     except ImportError as exc:
@@ -232,6 +230,7 @@ MOONCAKE_PUT_GET = Benchmark(
     "mooncake_put_get",
     "MooncakeStore put/get of 64 x 512 KiB vs raw Mooncake calls on the same memory",
     _setup,
+    lambda: [Lack("", why)] if (why := needs.mooncake()) else [],
 )
 
 

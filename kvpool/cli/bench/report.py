@@ -87,20 +87,26 @@ def format_table(
     """The human-readable report: one row per metric, kvpool next to its baseline.
 
     Under the table, per benchmark: what the baseline is, informative
-    extra variants, and skipped or failed benchmarks with the reason.
+    extra variants, and skipped or failed benchmarks with the reason.  A
+    metric the benchmark could not measure here (:attr:`Case.left_out`)
+    has the reason next to its "n/a".
     """
     header = ("benchmark", "metric", "unit", "kvpool", "baseline", "ratio", "median ratio")
     rows: list[tuple[str, ...]] = []
+    after: list[str] = []  # what follows each row: the reason of an n/a left out
     notes: list[str] = []
     for r in results:
         if r.status == "skipped":
             rows.append((r.name, "not run here: see below", "", "", "", "", ""))
+            after.append("")
             notes.append(f"{r.name}: not run here: {r.note}")
             continue
         if r.status != "ok":
             rows.append((r.name, f"{r.status}: see below", "", "", "", "", ""))
+            after.append("")
             notes.append(f"{r.name}: {r.status.upper()}: {r.note}")
             continue
+        said: set[str] = set()
         for i, m in enumerate(r.metrics):
             rows.append(
                 (
@@ -113,6 +119,12 @@ def format_table(
                     _format_ratio(m.ratio_median(), m.metric.bound),
                 )
             )
+            why = r.left_out.get(m.metric.key)
+            if why is None or m.ratio() is not None:
+                after.append("")
+                continue
+            after.append(f"  not run here: {'as above' if why in said else why}")
+            said.add(why)
         line = f"{r.name}: kvpool = {r.subject}; baseline = {r.baseline}"
         if any(m.metric.bound for m in r.metrics):
             line += (
@@ -147,7 +159,7 @@ def format_table(
         "",
         fmt(header),
         fmt(tuple("-" * w for w in widths)),
-        *(fmt(row) for row in rows),
+        *(fmt(row) + tail for row, tail in zip(rows, after, strict=True)),
         "",
         "ratio: kvpool's best trial against the baseline's best, oriented so that > 1 means",
         "kvpool is better (faster, more GB/s); median ratio: the same from the medians.",

@@ -6,9 +6,9 @@
     python -m kvpool.cli.bench.sglang_hicache [--rounds 7] [--pages 32]
         [--only file_shm,file_disk,mooncake,redis,cluster] [--disk-dir DIR] [--json PATH]
 
-Runs in an environment with SGLang 0.5.23 (``make compat`` builds one;
-``python tests/compat/make_venv.py --requirements tests/compat/requirements-sgl0523.txt``
-prints its Python).  The contenders and what a round is:
+Runs in an environment with SGLang 0.5.23 (``python -m kvpool install-sglang``
+installs it into this one).  A pair whose server cannot start here is left
+out, its rows "n/a" with the reason.  The contenders and what a round is:
 :mod:`kvpool.cli.bench.sglang_pairs` (SGLang's own host pool, 32 pages of
 4 MiB a round, every page read back checked).  The pairs:
 
@@ -45,10 +45,12 @@ import os
 import statistics
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kvpool.cli.bench.core import Benchmark, Case, Metric, Settings, SkipBenchmark
+from kvpool.cli.bench import needs
+from kvpool.cli.bench.core import Benchmark, Case, Lack, Metric, Settings, SkipBenchmark
 
 __all__ = ["DEFAULT_PAGES", "DEFAULT_ROUNDS", "PAIRS", "Harness", "kvpool_benchmark", "main"]
 
@@ -59,17 +61,33 @@ PAIRS = ("file_shm", "file_disk", "mooncake", "redis", "cluster")
 _OPS = ("set", "get")
 
 
+#: What each pair needs here besides SGLang: a probe giving why not, with the fix (None: it can).
+PAIR_NEEDS: dict[str, Callable[[], str | None]] = {
+    "file_shm": lambda: None,
+    "file_disk": lambda: None,
+    "mooncake": needs.mooncake,
+    "redis": lambda: needs.redis_client() or needs.redis_cluster_tools() or needs.redis_benchmark(),
+    "cluster": lambda: (
+        needs.redis_client() or needs.redis_cluster_tools() or needs.redis_benchmark()
+    ),
+}
+#: What each pair's kvpool backend is compared with, for the rows of a pair that did not start.
+_OTHERS = {
+    "file_shm": "HiCacheFile",
+    "file_disk": "HiCacheFile",
+    "mooncake": "SGLang MooncakeStore",
+    "redis": "redis-benchmark",
+    "cluster": "redis-benchmark --cluster",
+}
+
+
 def require_sglang() -> str:
     """SGLang's version, or SkipBenchmark saying how to get an environment that has it."""
     import importlib.metadata
-    import importlib.util
 
-    if importlib.util.find_spec("sglang") is None:
-        raise SkipBenchmark(
-            "SGLang is not installed in this Python; run it with the SGLang compat venv's python "
-            "(`python tests/compat/make_venv.py --requirements "
-            "tests/compat/requirements-sgl0523.txt` prints it)"
-        )
+    why = needs.sglang()
+    if why is not None:
+        raise SkipBenchmark(why)
     try:
         return importlib.metadata.version("sglang")
     except importlib.metadata.PackageNotFoundError:
@@ -107,6 +125,10 @@ class Harness:
             "cluster": lambda: sp.redis_pair(self.pages, cluster=True),
         }
         for name in only:
+            why = PAIR_NEEDS[name]()
+            if why is not None:  # found by looking: nothing to start
+                self.errors[name] = f"not started: {why}"
+                continue
             try:
                 self.pairs.append(makers[name]())
             except (SkipBenchmark, FileNotFoundError, ImportError, RuntimeError, OSError) as exc:
@@ -303,11 +325,13 @@ def _setup(settings: Settings) -> Case:
     harness.info.update({"sglang": version, "rounds_per_trial": rounds, "errors": harness.errors})
     if not harness.pairs:
         raise SkipBenchmark(f"no pair could start: {harness.errors}")
-    metrics = [
-        Metric(f"{p.name}_{op}", f"{p.name} {op} vs {p.other.label}", "s")
-        for p in harness.pairs
+    others = {**_OTHERS, **{p.name: p.other.label for p in harness.pairs}}
+    metrics = [Metric(f"{n}_{op}", f"{n} {op} vs {others[n]}", "s") for n in PAIRS for op in _OPS]
+    left_out = {
+        f"{name}_{op}": why.removeprefix("not started: ")
+        for name, why in harness.errors.items()
         for op in _OPS
-    ]
+    }
     sides = {
         "kvpool backend": lambda p: [p.kvpool],
         "SGLang backend / redis-benchmark": lambda p: [p.other],
@@ -344,13 +368,23 @@ def _setup(settings: Settings) -> Case:
         baseline="SGLang backend / redis-benchmark",
         info=harness.info,
         cleanup=harness.close,
+        left_out=left_out,
     )
+
+
+def _lacks() -> list[Lack]:
+    """SGLang missing (the whole benchmark), else the pairs that cannot start here."""
+    why = needs.sglang()
+    if why is not None:
+        return [Lack("", why)]
+    return [Lack(f"the {name} rows", r) for name, probe in PAIR_NEEDS.items() if (r := probe())]
 
 
 SGLANG_HICACHE = Benchmark(
     "sglang_hicache",
     "SGLang HiCache L3 set/get of 32 x 4 MiB pages: kvpool's backend vs SGLang's",
     _setup,
+    _lacks,
 )
 
 
