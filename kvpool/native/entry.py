@@ -83,6 +83,7 @@ _read = lib.pinmem_entry_read
 _evict = lib.pinmem_entry_evict
 _new = ffi.new
 _from_buffer = ffi.from_buffer
+_cast = ffi.cast
 _NULL = ffi.NULL
 
 
@@ -119,7 +120,13 @@ def _raise(status: int, what: str) -> None:
 
 
 def write_entry(
-    temp: bytes, path: bytes, header: bytes, data: Any, flags: int, stamp: Any = None
+    temp: bytes,
+    path: bytes,
+    header: bytes,
+    data: Any,
+    flags: int,
+    stamp: Any = None,
+    nbytes: int | None = None,
 ) -> int:
     """Write ``header`` + ``data`` to ``temp`` and give it the name ``path`` atomically.
 
@@ -129,11 +136,13 @@ def write_entry(
         path: the entry's file.
         header: the entry's header.
         data: the payload, any C-contiguous buffer (a memoryview of a
-            pool object's bytes: the kernel copies from pool memory).
+            pool object's bytes: the kernel copies from pool memory); with
+            ``nbytes``, the payload's address (an int the caller vouches for).
         flags: :data:`SPARE`, :data:`EXCHANGE`, :data:`SYNC`,
             :data:`DIRECT` or'ed.
         stamp: None, or a :func:`new_stamp` that receives the written
             file's identity and whether ``O_DIRECT`` was used (its ``direct``).
+        nbytes: the payload's length when ``data`` is an address.
 
     Returns:
         The outcome: :data:`RENAMED`, :data:`SWAPPED` (``temp`` now names
@@ -146,26 +155,38 @@ def write_entry(
         InvalidArgumentError: sizes beyond a file's.
     """
     out = _new("int *")
-    buf = _from_buffer(data)
+    if nbytes is None:
+        buf = _from_buffer(data)
+        nbytes = len(buf)
+    else:
+        buf = _cast("char *", data)
     into = _NULL if stamp is None else stamp
-    status = _write(temp, path, header, len(header), buf, len(buf), flags, out, into)
+    status = _write(temp, path, header, len(header), buf, nbytes, flags, out, into)
     if status != _OK:
         _raise(status, "write an entry")
     return int(out[0])
 
 
 def read_entry(
-    path: bytes, header: bytearray, data: Any, flags: int = 0, stamp: Any = None
+    path: bytes,
+    header: bytearray,
+    data: Any,
+    flags: int = 0,
+    stamp: Any = None,
+    nbytes: int | None = None,
 ) -> tuple[int, int]:
     """Read the entry at ``path`` into ``header`` then ``data`` (one more byte: trailing data).
 
     Args:
         path: the entry's file.
         header: receives the first ``len(header)`` bytes.
-        data: a writable buffer that receives the next ``len(data)`` bytes.
+        data: a writable buffer that receives the next ``len(data)`` bytes;
+            with ``nbytes``, the address of ``nbytes`` writable bytes (an
+            int the caller vouches for).
         flags: 0, or :data:`DIRECT` (``O_DIRECT`` when aligned and the file
             is exactly as long as asked; no trailing byte is read then).
         stamp: None, or a :func:`new_stamp` for the identity of the file read.
+        nbytes: the destination's length when ``data`` is an address.
 
     Returns:
         ``(outcome, nread)``: :data:`READ` with the bytes read (header +
@@ -179,9 +200,13 @@ def read_entry(
     outcome = _new("int *")
     nread = _new("uint64_t *")
     hbuf = _from_buffer(header, require_writable=True)
-    dbuf = _from_buffer(data, require_writable=True)
+    if nbytes is None:
+        dbuf = _from_buffer(data, require_writable=True)
+        nbytes = len(dbuf)
+    else:
+        dbuf = _cast("char *", data)
     into = _NULL if stamp is None else stamp
-    status = _read(path, hbuf, len(hbuf), dbuf, len(dbuf), flags, outcome, nread, into)
+    status = _read(path, hbuf, len(hbuf), dbuf, nbytes, flags, outcome, nread, into)
     if status != _OK:
         _raise(status, "read an entry")
     return int(outcome[0]), int(nread[0])

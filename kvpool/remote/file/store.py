@@ -105,6 +105,7 @@ from kvpool.remote.file.evict import Evictor
 from kvpool.remote.file.io import CLOEXEC, open_entry
 from kvpool.remote.file.names import entry_name, plain_name, remove_prefix
 from kvpool.remote.file.parts import batch_nbytes, run_parts, split_bounds
+from kvpool.remote.file.ranges import RangeCalls, Registered
 from kvpool.remote.file.spares import Spares, remove_dead_temp, temp_name
 from kvpool.remote.header import (
     EntryInfo,
@@ -127,7 +128,7 @@ _CAREFUL = object()
 _R = TypeVar("_R")
 
 
-class FileStore(RemoteStore):
+class FileStore(RemoteStore, RangeCalls):
     """A store of one file per entry in ``directory``.
 
     Args:
@@ -257,6 +258,7 @@ class FileStore(RemoteStore):
         self._spares = Spares(io_threads + 1)
         if cleanup_temp_age_s is not None:
             self.cleanup_temp(cleanup_temp_age_s)
+        self._registered = Registered()
         self._direct = direct_io
         if direct_io:
             probe(self.directory)
@@ -452,25 +454,34 @@ class FileStore(RemoteStore):
         return results
 
     def _write(
-        self, name: bytes, header: bytes, view: memoryview, kb: bytes, evicted: list[bytes]
+        self,
+        name: bytes,
+        header: bytes,
+        data: memoryview | int,
+        kb: bytes,
+        evicted: list[bytes],
+        nbytes: int | None = None,
     ) -> None:
         """Write the entry (one C call: ``pinmem_entry_write``) into a spare or a new file.
 
-        A bounded store then records it and evicts what no longer fits,
-        adding the keys evicted to ``evicted`` (the caller reports them).
+        ``data`` is the payload's bytes, or with ``nbytes`` its address
+        (a registered range).  A bounded store then records the entry and
+        evicts what no longer fits, adding the keys evicted to ``evicted``
+        (the caller reports them).
         """
         path = self._bprefix + name
+        size = data.nbytes if nbytes is None else nbytes  # type: ignore[union-attr]
         direct = entry_calls.DIRECT if self._direct else 0
         if direct:
             header = padded(header)
         bound = self._bound
         if bound is None:
             stamp = entry_calls.new_stamp() if direct else None
-            self._place(path, header, view, kb, direct, stamp)
+            self._place(path, header, data, nbytes, kb, direct, stamp)
         else:
-            if len(header) + view.nbytes > bound.max_bytes:
+            if len(header) + size > bound.max_bytes:
                 raise InvalidArgumentError(
-                    f"{self._where('put', kb)}: the entry takes {len(header) + view.nbytes} "
+                    f"{self._where('put', kb)}: the entry takes {len(header) + size} "
                     f"bytes (header included), more than the store's max_bytes of "
                     f"{bound.max_bytes}; raise max_bytes, or store smaller chunks"
                 )
@@ -478,22 +489,30 @@ class FileStore(RemoteStore):
             # The key's lock: the index records one key's files in the order
             # they got its name, and a delete of the key is not in between.
             with bound.lock_for(name):
-                self._place(path, header, view, kb, direct, stamp)
+                self._place(path, header, data, nbytes, kb, direct, stamp)
                 victims = bound.stored(name, kb, entry_calls.stamp_of(stamp))
             self._evictor.remove(victims, self._reuse, evicted)  # type: ignore[union-attr]
         if direct and not stamp.direct:
-            self.counters.observe("put_buffered", 0.0, nbytes=view.nbytes)
+            self.counters.observe("put_buffered", 0.0, nbytes=size)
 
     def _place(
-        self, path: bytes, header: bytes, view: memoryview, kb: bytes, direct: int, stamp: Any
+        self,
+        path: bytes,
+        header: bytes,
+        data: memoryview | int,
+        nbytes: int | None,
+        kb: bytes,
+        direct: int,
+        stamp: Any,
     ) -> None:
         """The C write of :meth:`_write`: into a spare, or a new temporary file, then renamed."""
+        write = entry_calls.write_entry
         try:
             if self._reuse:
                 spare = self._spares.take()
                 if spare is not None:
                     flags = entry_calls.SPARE | entry_calls.EXCHANGE | direct
-                    outcome = entry_calls.write_entry(spare, path, header, view, flags, stamp)
+                    outcome = write(spare, path, header, data, flags, stamp, nbytes)
                     if outcome != entry_calls.SPARE_UNUSABLE:
                         if outcome == entry_calls.SWAPPED:
                             self._spares.give(spare)  # it now names the entry this put replaced
@@ -505,7 +524,7 @@ class FileStore(RemoteStore):
                 | (entry_calls.SYNC if self._durable else 0)
                 | direct
             )
-            outcome = entry_calls.write_entry(tmp, path, header, view, flags, stamp)
+            outcome = write(tmp, path, header, data, flags, stamp, nbytes)
         except OSError as exc:
             if isinstance(exc, KVPoolError):
                 raise
@@ -519,6 +538,7 @@ class FileStore(RemoteStore):
 
     def _close(self) -> None:
         self._spares.close()
+        self._registered.clear()  # the store no longer keeps registered memory alive
 
     def _sync_directory(self, kb: bytes) -> None:
         try:
