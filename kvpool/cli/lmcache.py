@@ -54,4 +54,4 @@ def add_parser(subparsers: Any) -> None:
         help="leave the packages of the list that are installed already, at any version, as "
         "they are (for an environment whose versions another program pins, e.g. vLLM's)",
     )
-    p.set_defaults(func=run_install)
+    p.set_defaults(func=run_install, needs_native=False)

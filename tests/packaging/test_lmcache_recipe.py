@@ -1,11 +1,14 @@
 """The LMCache recipe of docs/guide/lmcache.md, run verbatim in a fresh virtual environment.
 
-A newcomer's path: a virtual environment that sees nothing of this
-machine's packages, torch (this interpreter's version, the CPU build: never
-a CUDA download), kvpool installed from the clone as getting-started says
-(``pip install .``, which puts ``kvpool-lmcache.pth`` in site-packages),
-then every line of the guide's "Installing LMCache" block, as written, in a
-shell where that environment is active.  Afterwards the plugin example and
+A newcomer's path: a fresh clone that was never built (a copy of this
+checkout's files, without its build outputs), a virtual environment that
+sees nothing of this machine's packages, torch (this interpreter's version,
+the CPU build: never a CUDA download), kvpool installed from the clone as
+getting-started says (``pip install .``, which puts ``kvpool-lmcache.pth``
+in site-packages and leaves the clone unbuilt), then every line of the
+guide's "Installing LMCache" block, as written, at the clone's root in a
+shell where that environment is active - where ``python -m`` finds the
+clone's unbuilt ``kvpool/`` first.  Afterwards the plugin example and
 ``KVPOOL_LMCACHE=1`` must have used *that* environment's kvpool (the
 example prints where its kvpool comes from, and the start-up hook only
 exists there).
@@ -30,6 +33,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from checkout_copy import copy_checkout
 
 import kvpool
 from kvpool.integrations.lmcache.requirements import MODULES
@@ -71,6 +75,7 @@ def sh(command: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProc
 
 
 def test_the_recipe_works_in_a_fresh_venv_and_uses_its_kvpool(tmp_path: Path) -> None:
+    clone = copy_checkout(tmp_path / "kvpool-src")
     venv = tmp_path / "venv"
     python = venv / "bin" / "python"
     base = clean_env()
@@ -79,7 +84,8 @@ def test_the_recipe_works_in_a_fresh_venv_and_uses_its_kvpool(tmp_path: Path) ->
     # so that no CUDA build can be picked.
     cpu_torch = torch.__version__.split("+", 1)[0] + "+cpu"
     sh(f"{python} -m pip install -q 'torch=={cpu_torch}'", base, tmp_path)
-    sh(f"{python} -m pip install -q {ROOT}", base, tmp_path)  # getting-started's install
+    sh(f"{python} -m pip install -q {clone}", base, tmp_path)  # getting-started's install
+    assert not (clone / "kvpool" / "native" / "_pinmem_ffi.py").exists()  # still never built
     purelib = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
     site = Path(sh(f'{python} -c "{purelib}"', base, tmp_path).stdout.strip())
     assert (site / "kvpool-lmcache.pth").is_file()
@@ -87,7 +93,7 @@ def test_the_recipe_works_in_a_fresh_venv_and_uses_its_kvpool(tmp_path: Path) ->
     active = clean_env(venv)
     lines = recipe()
     assert lines[0] == "python -m kvpool install-lmcache", lines
-    outputs = [sh(line, active, ROOT).stdout for line in lines]
+    outputs = [sh(line, active, clone).stdout for line in lines]
 
     assert "install-lmcache: done: LMCache 0.5.6 is ready in" in outputs[0], outputs[0]
     assert f"imported {len(MODULES)} LMCache modules" in outputs[0], outputs[0]
