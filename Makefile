@@ -118,7 +118,7 @@ docs-check:
 compat: lib
 	@set -e; compat_python=$$($(PYTHON) tests/compat/make_venv.py); \
 	sglang_python=$$($(PYTHON) tests/compat/make_venv.py \
-		--requirements tests/compat/requirements-sgl0523.txt); \
+		--requirements kvpool/integrations/sglang/requirements-sgl0523.txt); \
 	echo "compat: $$compat_python (tests/compat), $$sglang_python (tests/compat_sglang)"; \
 	log=$$(mktemp); trap 'rm -f "$$log"' EXIT; set +e; \
 	KVPOOL_REQUIRE_SGLANG=1 $$sglang_python -m pytest tests/compat_sglang >"$$log" 2>&1 & \

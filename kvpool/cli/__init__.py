@@ -3,8 +3,9 @@
 One parser with a subcommand per job: ``demo`` (a verified put/get round
 trip, :mod:`kvpool.cli.demo`), ``info`` (the capability report with advice,
 :mod:`kvpool.cli.info`), ``bench`` (the benchmark suite,
-:mod:`kvpool.cli.bench`) and ``install-lmcache`` (LMCache and what it
-imports, into this environment: :mod:`kvpool.cli.lmcache`).
+:mod:`kvpool.cli.bench`), ``install-lmcache`` and ``install-sglang`` (LMCache,
+SGLang, and what their code imports, into this environment:
+:mod:`kvpool.cli.lmcache`, :mod:`kvpool.cli.sglang`).
 More are added by registering them in :data:`SUBCOMMANDS`::
 
     def add_demo(subparsers) -> None:
@@ -14,7 +15,10 @@ More are added by registering them in :data:`SUBCOMMANDS`::
     SUBCOMMANDS.append(add_demo)
 
 Each subcommand's function takes the parsed :class:`argparse.Namespace`
-and returns the process exit status.
+and returns the process exit status.  A subcommand that runs without the
+native layer (an installer) sets ``needs_native=False`` among its defaults,
+so ``python -m kvpool`` runs it from an unbuilt source tree too
+(:mod:`kvpool.__main__`).
 """
 
 from __future__ import annotations
@@ -66,12 +70,19 @@ def _add_install_lmcache(subparsers: Any) -> None:
     add_parser(subparsers)
 
 
+def _add_install_sglang(subparsers: Any) -> None:
+    from kvpool.cli.sglang import add_parser
+
+    add_parser(subparsers)
+
+
 #: Functions that each add one subcommand to the subparsers object.
 SUBCOMMANDS: list[Callable[[Any], None]] = [
     _add_demo,
     _add_info,
     _add_bench,
     _add_install_lmcache,
+    _add_install_sglang,
 ]
 
 

@@ -22,13 +22,16 @@ completion stamp and rebuilt; a file lock keeps two concurrent runs from
 building the same one.
 
 Each requirements file makes its own environment, named after it
-(``requirements-lmc056.txt``: ``lmc056-<hash>``; ``requirements-sgl0523.txt``,
-SGLang's, ``sgl0523-<hash>``).  Files in a ``site-<name>/`` folder next to
-the requirements file (a ``.pth`` and the module it loads) are copied into
-the environment's site-packages, and are part of the hash.
+(``requirements-lmc056.txt``: ``lmc056-<hash>``; SGLang's
+``kvpool/integrations/sglang/requirements-sgl0523.txt``, the list
+``kvpool install-sglang`` installs, ``sgl0523-<hash>``; vLLM's
+``tests/compat/requirements-vllm033.txt``, ``vllm033-<hash>``).  Files in a
+``site-<name>/`` folder next to the requirements file (a ``.pth`` and the
+module it loads: SGLang's torchvision stand-in) are copied into the
+environment's site-packages, and are part of the hash.
 
 Options: ``--cache DIR``, ``--requirements FILE``, ``--rebuild``, ``--all`` (every
-environment ``make compat`` uses - LMCache's, then SGLang's - one after the other;
+environment ``make compat`` uses - LMCache's, SGLang's, then vLLM's - one after the other;
 ``make test`` builds them so in the background while pytest runs).
 Exit status 0 on success; on failure the pip output is shown and the
 status is non-zero.
@@ -50,10 +53,9 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO))  # the checkout's kvpool: the recipe's list and pip command
 
-from kvpool.integrations.lmcache.requirements import (  # noqa: E402
-    REQUIREMENTS,
-    pip_command,
-)
+from kvpool.cli.sglang import REQUIREMENTS as SGLANG_REQUIREMENTS  # noqa: E402
+from kvpool.integrations.install import pip_command  # noqa: E402
+from kvpool.integrations.lmcache.requirements import REQUIREMENTS  # noqa: E402
 
 STAMP = ".kvpool-compat-complete"
 #: The file in the new environment's site-packages that adds this Python's site directories.
@@ -161,8 +163,9 @@ def build(venv: Path, requirements: Path) -> None:
     (venv / STAMP).write_text("ok\n")
 
 
-#: What ``--all`` builds: every environment ``make compat`` runs a suite in.
-ALL_REQUIREMENTS = (REQUIREMENTS, HERE / "requirements-sgl0523.txt")
+#: What ``--all`` builds: every environment ``make compat`` runs a suite in, each
+#: from the list its installer uses (a new environment adds its list here).
+ALL_REQUIREMENTS = (REQUIREMENTS, SGLANG_REQUIREMENTS, HERE / "requirements-vllm033.txt")
 
 
 def ensure(requirements: Path, root: Path, rebuild: bool) -> Path:

@@ -1,8 +1,9 @@
 """SGLang 0.5.23's own HiCache code on kvpool's stores: the SGLang compatibility suite's setup.
 
 This folder runs in an environment that has ``sglang==0.5.23`` (``make
-compat`` builds and caches one from ``tests/compat/requirements-sgl0523.txt``,
-see ``tests/compat/make_venv.py``).  Where SGLang is not installed the folder
+compat`` builds and caches one from the list ``kvpool install-sglang``
+installs, ``kvpool/integrations/sglang/requirements-sgl0523.txt``; see
+``tests/compat/make_venv.py``).  Where SGLang is not installed the folder
 is not collected; ``KVPOOL_REQUIRE_SGLANG=1`` (set by ``make compat``) makes
 that an error.  The kvpool imported must be this checkout's.
 

@@ -28,12 +28,10 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import torch
-from checkout_copy import copy_checkout
+from newcomer import CPU_TORCH
 
 import kvpool
 from kvpool.integrations.lmcache.requirements import MODULES
@@ -74,18 +72,12 @@ def sh(command: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProc
     return done
 
 
-def test_the_recipe_works_in_a_fresh_venv_and_uses_its_kvpool(tmp_path: Path) -> None:
-    clone = copy_checkout(tmp_path / "kvpool-src")
-    venv = tmp_path / "venv"
+def test_the_recipe_works_in_a_fresh_venv_and_uses_its_kvpool(
+    fresh_clone: Path, newcomer_venv: Path, tmp_path: Path
+) -> None:
+    clone, venv = fresh_clone, newcomer_venv
     python = venv / "bin" / "python"
     base = clean_env()
-    sh(f"{sys.executable} -m venv {venv}", base, tmp_path)
-    # The CPU build of this interpreter's torch, pinned with its local label,
-    # so that no CUDA build can be picked.
-    cpu_torch = torch.__version__.split("+", 1)[0] + "+cpu"
-    sh(f"{python} -m pip install -q 'torch=={cpu_torch}'", base, tmp_path)
-    sh(f"{python} -m pip install -q {clone}", base, tmp_path)  # getting-started's install
-    assert not (clone / "kvpool" / "native" / "_pinmem_ffi.py").exists()  # still never built
     purelib = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
     site = Path(sh(f'{python} -c "{purelib}"', base, tmp_path).stdout.strip())
     assert (site / "kvpool-lmcache.pth").is_file()
@@ -99,7 +91,7 @@ def test_the_recipe_works_in_a_fresh_venv_and_uses_its_kvpool(tmp_path: Path) ->
     assert f"imported {len(MODULES)} LMCache modules" in outputs[0], outputs[0]
     versions = "import importlib.metadata as m; print(m.version('lmcache'), m.version('torch'))"
     version = sh(f'{python} -c "{versions}"', base, tmp_path)
-    assert version.stdout.split() == ["0.5.6", cpu_torch], version.stdout
+    assert version.stdout.split() == ["0.5.6", CPU_TORCH], version.stdout
     ours = f"kvpool {kvpool.__version__} from {site / 'kvpool'}\n"
     for line, out in zip(lines[1:], outputs[1:], strict=True):
         assert ours in out, f"{line}: not the venv's kvpool\n{out}"

@@ -55,7 +55,10 @@ def test_a_command_that_needs_the_native_layer_says_the_tree_hides_the_install(
 def test_the_installers_and_version_run_from_the_tree(fresh_clone: Path) -> None:
     version = kvpool_cli("--version", cwd=fresh_clone)
     assert version.returncode == 0 and version.stdout.startswith("kvpool "), version.stderr
-    for command, listed in (("install-lmcache", "lmcache/requirements-lmc056.txt"),):
+    for command, listed in (
+        ("install-lmcache", "lmcache/requirements-lmc056.txt"),
+        ("install-sglang", "sglang/requirements-sgl0523.txt"),
+    ):
         done = kvpool_cli(command, "--dry-run", cwd=fresh_clone)
         assert done.returncode == 0, done.stdout + done.stderr
         assert f"-r {fresh_clone / 'kvpool' / 'integrations' / listed}" in done.stdout

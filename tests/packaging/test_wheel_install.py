@@ -124,6 +124,14 @@ def _check_old_glibc(wheel: Path, arch: str) -> None:
     assert needs and max(needs) <= RELEASE_GLIBC, sorted(needs)
 
 
+#: What `kvpool install-sglang` reads from the installed package.
+SGLANG_FILES = (
+    "kvpool/integrations/sglang/requirements-sgl0523.txt",
+    "kvpool/integrations/sglang/site-sgl0523/kvpool_torchvision_stub.pth",
+    "kvpool/integrations/sglang/site-sgl0523/kvpool_torchvision_stub.py",
+)
+
+
 def _one(dist: Path, pattern: str) -> Path:
     found = sorted(dist.glob(pattern))
     assert len(found) == 1, f"{pattern}: {found}"
@@ -137,8 +145,10 @@ def test_wheel_is_manylinux_2_17_and_carries_the_library_and_license(dist: Path)
         names = set(zf.namelist())
         info = f"kvpool-{kvpool.__version__}.dist-info"
         shipped = {"kvpool/native/libpinmem.so", "kvpool/native/_pinmem_ffi.py", "kvpool/py.typed"}
-        # The list `kvpool install-lmcache` installs.
+        # The lists `kvpool install-lmcache` and `install-sglang` install, and the
+        # torchvision stand-in install-sglang places.
         shipped.add("kvpool/integrations/lmcache/requirements-lmc056.txt")
+        shipped |= set(SGLANG_FILES)
         assert shipped <= names
         # The KVPOOL_LMCACHE=1 start-up hook, at the root of site-packages.
         assert {"kvpool-lmcache.pth", "kvpool_lmcache_hook.py"} <= names
@@ -170,6 +180,7 @@ def test_sdist_carries_the_sources_the_wheel_is_built_from(dist: Path) -> None:
     for needed in ("LICENSE", "build.py", "setup.py", "pyproject.toml", "libpinmem/pinmem.h"):
         assert needed in names, needed
     assert lmcache_list in names
+    assert set(SGLANG_FILES) <= names
     assert any(n.startswith("libpinmem/") and n.endswith(".c") for n in names)
     assert "kvpool/native/libpinmem.so" not in names  # built at install time, not shipped
 

@@ -1,15 +1,18 @@
-"""A stand-in for torchvision in the SGLang compatibility environment (no real torchvision).
+"""A stand-in for torchvision where none is installed, so that SGLang imports on a CPU torch.
 
 SGLang 0.5.23 imports ``torchvision.transforms`` at module level (its
 InternVL and DeepSeek-OCR helpers, reached from ``sglang.srt.configs``),
-but kvpool's tests never touch images.  The real torchvision cannot be
-installed there: its wheels pin a CUDA torch, and the tests run on the
-base interpreter's CPU torch.  So this module, loaded at interpreter
-start-up by ``kvpool_torchvision_stub.pth``, serves three empty modules -
-``torchvision``, ``torchvision.transforms`` and
+but kvpool's backend and its tests never touch images.  PyPI's torchvision
+cannot serve there: its wheels are built against CUDA torch and fail to
+load over a CPU one.  So ``python -m kvpool install-sglang`` (and the
+compatibility environment of ``make compat``) copies this module and
+``kvpool_torchvision_stub.pth``, which loads it at interpreter start-up,
+into site-packages where torchvision is not installed.  It serves three
+empty modules - ``torchvision``, ``torchvision.transforms`` and
 ``torchvision.transforms.functional`` (with ``InterpolationMode``, the
 one name SGLang takes at import) - from a finder at the end of
-``sys.meta_path``.
+``sys.meta_path``: a real torchvision installed later is found first, and
+the stand-in goes unused (delete the two files to remove it).
 
 Transformers decides whether torchvision is installed with
 ``importlib.util.find_spec("torchvision")`` in its
@@ -53,8 +56,9 @@ def _missing(module: str):
         if name.startswith("__"):  # the import system's own questions (__path__...)
             raise AttributeError(name)
         raise ImportError(
-            f"{module}.{name}: torchvision is a stand-in in kvpool's SGLang compatibility "
-            "environment (kvpool_torchvision_stub); image code cannot run there"
+            f"{module}.{name}: torchvision is not installed here, only a stand-in for "
+            "SGLang's imports (kvpool_torchvision_stub), which cannot run image code; install "
+            "the torchvision built for your torch"
         )
 
     return __getattr__

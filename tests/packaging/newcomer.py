@@ -1,4 +1,4 @@
-"""A fresh, never-built copy of this checkout, as a newcomer's clone of it would be.
+"""What a newcomer starts from: a fresh, never-built clone, and the CPU build of torch.
 
 A newcomer clones the repository and installs from it; the clone has no
 build outputs (``kvpool/native/_pinmem_ffi.py``, ``libpinmem.so``), and
@@ -13,7 +13,13 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import torch
+
 ROOT = Path(__file__).resolve().parents[2]
+
+#: The CPU build of this interpreter's torch, pinned with its local label, so
+#: that no CUDA build can be picked.
+CPU_TORCH = torch.__version__.split("+", 1)[0] + "+cpu"
 
 
 def copy_checkout(dest: Path) -> Path:
