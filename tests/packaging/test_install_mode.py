@@ -33,10 +33,12 @@ PROBE = r"""
 import importlib.metadata as md, json, sys
 dist = md.distribution("kvpool")
 url = json.loads(dist.read_text("direct_url.json") or "{}")
+# The .pth files Python runs at start-up: those at the root of site-packages.
+pth = sorted(str(f) for f in dist.files or () if str(f).endswith(".pth") and "/" not in str(f))
 import kvpool
 print(json.dumps({
     "editable": bool(url.get("dir_info", {}).get("editable")),
-    "files": sorted(str(f) for f in dist.files or () if str(f).endswith(".pth")),
+    "files": pth,
     "kvpool": kvpool.__file__,
     "hook": any(type(f).__name__ == "_InstallOnFirstImport" for f in sys.meta_path),
 }))
