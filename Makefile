@@ -10,10 +10,10 @@
 #                   and at the same time SGLang 0.5.23's HiCache on kvpool's stores
 #                   (tests/compat_sglang), in a second cached environment
 #   make demo       run the main job from this clone: the capability report, then a verified
-#                   put/get round trip.  Installs what the demo needs (torch 2.13.0, cffi,
-#                   numpy) into $(PYTHON)'s environment, which it names first
-#                   (PYTHON=.venv/bin/python for a venv), but not kvpool: an installed kvpool
-#                   stays as it was (a regular install keeps its KVPOOL_LMCACHE hook)
+#                   put/get round trip.  Installs what the demo needs (torch where there is
+#                   none, cffi, numpy) into $(PYTHON)'s environment, which it names first,
+#                   but not kvpool: an installed kvpool stays as it was (a regular install
+#                   keeps its KVPOOL_LMCACHE hook)
 #   make bench      kvpool's benchmarks against naive baselines (kvpool bench);
 #                   options in BENCH_ARGS, e.g. make bench BENCH_ARGS=--quick
 #   make docs       the documentation site into site/ (mkdocs build --strict; installs the
@@ -24,9 +24,23 @@
 #                   auditwheel-repaired and checked) and an sdist in dist/;
 #                   make wheel-aarch64 the same for aarch64 (cross-compiled)
 #
-# PYTHON selects the interpreter: make test PYTHON=/path/to/venv/bin/python
+# PYTHON selects the interpreter.  By default it is .venv/bin/python, a virtual environment
+# made on first use with `python3 -m venv --system-site-packages .venv` (BASE_PYTHON, VENV):
+# it sees the machine's packages, so a torch already there is reused rather than downloaded
+# again, and what make installs goes into .venv, never into the system's Python.  Another
+# interpreter: make test PYTHON=/path/to/venv/bin/python (nothing is then created).
+#
+# torch: where PYTHON has none, deps and demo-deps install $(TORCH) with pip.  From PyPI that
+# is, on x86-64 Linux, the CUDA build (several GB with its NVIDIA packages), which a machine
+# with an NVIDIA GPU wants; a pip configuration of the machine's own (find-links, an index)
+# can serve another.  A machine without a GPU gets the CPU build from PyTorch's CPU index:
+#   make demo TORCH_INDEX=https://download.pytorch.org/whl/cpu
 
-PYTHON ?= python3
+VENV ?= .venv
+BASE_PYTHON ?= python3
+PYTHON ?= $(VENV)/bin/python
+TORCH ?= torch==2.13.0
+TORCH_INDEX ?=
 CC ?= cc
 PIP := $(PYTHON) -m pip
 BENCH_ARGS ?=
@@ -73,9 +87,25 @@ $(TESTING)/libpinmem.so: lib
 check: lib $(BUILD)/test_pinmem $(BUILD)/libfakecudart.so
 	$(BUILD)/test_pinmem $(abspath $(BUILD)/libfakecudart.so) $(abspath $(BUILD)/libpinmem.so)
 
-# torch first and pinned: a bare "torch" would pull a multi-GB CUDA build.
+# The project's virtual environment, made when PYTHON is its python and it is missing (a
+# failed creation leaves nothing behind).  Every target that runs PYTHON first makes it.
+VENV_PYTHON := $(filter $(VENV)/bin/python,$(PYTHON))
+
+$(VENV)/bin/python:
+	@echo "make: creating the virtual environment $(VENV) (over $(BASE_PYTHON)'s packages)"
+	@$(BASE_PYTHON) -m venv --system-site-packages $(VENV) || { rm -rf $(VENV); \
+		echo "make: $(BASE_PYTHON) -m venv failed; install the venv module (Debian, Ubuntu:" \
+			"apt install python3-venv) or give PYTHON=/path/to/python" >&2; exit 1; }
+
+lib deps demo-deps docs-deps docs-check lint-tools wheel-tools gpu-wheels: | $(VENV_PYTHON)
+
+# torch before kvpool, and only where there is none (see TORCH above): pip choosing it for
+# kvpool's torch>=2.1 would bring PyPI's CUDA build.
+INSTALL_TORCH = $(PYTHON) -c 'import torch' 2>/dev/null || \
+	$(PIP) install -q "$(TORCH)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+
 deps:
-	$(PIP) install -q torch==2.13.0
+	@$(INSTALL_TORCH)
 	$(PIP) install -q -e ".[test,docs]"
 
 # The two compat environments are built (or found cached) in the background while pytest runs:
@@ -128,14 +158,13 @@ compat: lib
 	echo "== tests/compat_sglang (SGLang 0.5.23):"; cat "$$log"; \
 	[ $$lmcache_status -eq 0 ] && [ $$sglang_status -eq 0 ]
 
-# Only what the demo needs: torch (the CPU build, pinned as for deps) and
+# Only what the demo needs: torch (where there is none, as for deps) and
 # kvpool's other dependencies; the demo runs this clone's kvpool (python -m
 # from the clone's root), so an installed kvpool is left as it is.
 demo-deps:
-	@echo "make demo: installing torch==2.13.0 and kvpool's dependencies (not kvpool) into" \
-		"$$($(PYTHON) -c 'import sys; print(sys.prefix)') (PYTHON=$(PYTHON); give" \
-		"PYTHON=/path/to/venv/bin/python to use a virtual environment)"
-	$(PIP) install -q torch==2.13.0
+	@echo "make demo: installing torch (where there is none) and kvpool's dependencies, not kvpool," \
+		"into $$($(PYTHON) -c 'import sys; print(sys.prefix)') (PYTHON=$(PYTHON))"
+	@$(INSTALL_TORCH)
 	$(PIP) install -q $(RUNTIME_DEPS)
 
 demo: demo-deps lib

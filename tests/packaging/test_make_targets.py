@@ -123,3 +123,103 @@ def test_gpu_check_runs_every_step_and_logs_each(tmp_path: Path) -> None:
         assert done.returncode == 1
         assert "no CUDA device" in (tmp_path / "h2d.log").read_text()
         assert "no CUDA device" in (tmp_path / "pinned.log").read_text()
+
+
+def pip_lines(out: str) -> list[str]:
+    return [line for line in out.splitlines() if " -m pip " in line]
+
+
+def pip_pythons(out: str) -> set[str]:
+    """The interpreters whose pip the commands of ``out`` run."""
+    return set(re.findall(r"(\S+) -m pip ", out))
+
+
+def test_make_runs_in_the_project_venv_unless_python_is_given(tmp_path: Path) -> None:
+    # A venv that does not exist yet is made first, over python3's packages.
+    venv = tmp_path / "venv"
+    for target in ("demo", "test", "lint", "docs", "wheel"):
+        out = dry_run(target, f"VENV={venv}")
+        assert out.index(f"python3 -m venv --system-site-packages {venv}") < out.index(" -m pip ")
+        assert pip_pythons(out) == {f"{venv}/bin/python"}, out
+    # By default the venv is .venv; no pip ever runs on the system's python3.
+    for target in ("demo", "test", "lint", "docs"):
+        assert pip_pythons(dry_run(target)) == {".venv/bin/python"}, target
+    given = dry_run("demo", "PYTHON=/opt/venv/bin/python")
+    assert " -m venv " not in given
+
+
+def test_ci_leaves_the_interpreter_to_make_unless_python_is_set() -> None:
+    script = (ROOT / ".ci" / "run").read_text()
+    calls = re.findall(r"^make (lint|test)\b(.*)$", script, re.M)
+    assert [c[0] for c in calls] == ["lint", "test"]
+    assert all(rest.strip() == '${PYTHON:+PYTHON="$PYTHON"}' for _, rest in calls), calls
+
+
+def test_torch_is_installed_only_where_there_is_none_from_the_index_given() -> None:
+    cpu = "https://download.pytorch.org/whl/cpu"
+    for target in ("demo", "deps"):
+        out = dry_run(target, "PYTHON=/opt/venv/bin/python", f"TORCH_INDEX={cpu}")
+        line = next(line for line in pip_lines(out) if '"torch==2.13.0"' in line)
+        assert line.startswith("/opt/venv/bin/python -c 'import torch' 2>/dev/null || "), line
+        assert line.split(" -m pip install ")[1].split() == [
+            "-q", '"torch==2.13.0"', "--index-url", cpu
+        ], line  # fmt: skip
+        plain = dry_run(target, "PYTHON=/opt/venv/bin/python")
+        assert "--index-url" not in plain
+    # What the Makefile says of it: PyPI's build is CUDA's; the CPU one is TORCH_INDEX's.
+    comments = " ".join(
+        line.lstrip("# ").strip()
+        for line in (ROOT / "Makefile").read_text().splitlines()
+        if line.startswith("#")
+    )
+    assert re.search(r"From PyPI that is, on x86-64 Linux, the CUDA build", comments), comments
+    assert f"make demo TORCH_INDEX={cpu}" in comments
+
+
+# Run by the venv's python: is its base interpreter's site-packages on sys.path?
+SEES_BASE = """
+import sys, sysconfig
+base = sysconfig.get_paths(vars={"base": sys.base_prefix, "platbase": sys.base_prefix})
+print(base["purelib"] in sys.path)
+"""
+
+
+@pytest.mark.slow
+def test_the_venv_is_made_once_over_the_base_packages_and_a_failed_one_is_removed(
+    tmp_path: Path,
+) -> None:
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+    venv = tmp_path / "venv"
+    python = venv / "bin" / "python"
+
+    def make(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["make", "--no-print-directory", *args, str(python)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
+        )
+
+    first = make(f"VENV={venv}", f"BASE_PYTHON={sys.executable}")
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert f"creating the virtual environment {venv}" in first.stdout
+    assert "include-system-site-packages = true" in (venv / "pyvenv.cfg").read_text()
+    # The base's packages are visible (a torch there is used, not installed again).
+    sees = subprocess.run([str(python), "-c", SEES_BASE], capture_output=True, text=True)
+    assert sees.stdout.strip() == "True", sees.stdout + sees.stderr
+    again = make(f"VENV={venv}", f"BASE_PYTHON={sys.executable}")
+    assert again.returncode == 0 and "creating" not in again.stdout, again.stdout
+
+    broken = tmp_path / "broken"
+    failed = subprocess.run(
+        ["make", "--no-print-directory", f"VENV={broken}", "BASE_PYTHON=/nonexistent/python3",
+         str(broken / "bin" / "python")],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
+    assert failed.returncode != 0
+    assert "apt install python3-venv" in failed.stderr and "PYTHON=" in failed.stderr
+    assert not broken.exists()
