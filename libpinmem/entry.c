@@ -89,24 +89,49 @@ static int pm_direct_ok(const void *data, size_t data_len, size_t header_len)
            header_len % PINMEM_ENTRY_ALIGN == 0;
 }
 
-/* Switch fd to O_DIRECT and give an aligned buffer of header_len bytes
- * (NULL for 0) in *aligned; 1 when both worked.  A file system without
- * O_DIRECT refuses the switch (EINVAL) and fd stays buffered: 0. */
-static int pm_go_direct(int fd, size_t header_len, void **aligned)
+/* open(path, oflags, mode), with O_DIRECT added when want: *direct says
+ * whether it was.  A file system that refuses O_DIRECT (EINVAL) gets the
+ * open without it; a file created by the refused open (the check comes
+ * after the create) is removed first, so O_EXCL still holds.  -1 with errno. */
+static int pm_open_direct(const char *path, int oflags, mode_t mode, int want, int *direct)
+{
+    *direct = 0;
+    if (want && O_DIRECT != 0) {
+        int fd = open(path, oflags | O_DIRECT, mode);
+        if (fd >= 0) {
+            *direct = 1;
+            return fd;
+        }
+        if (errno != EINVAL)
+            return -1;
+        if (oflags & O_CREAT)
+            unlink(path); /* temp is this call's own name (O_EXCL) */
+    }
+    return open(path, oflags, mode);
+}
+
+/* Leave O_DIRECT on fd (*direct 0); 0, or -1 with errno. */
+static int pm_stop_direct(int fd, int *direct)
+{
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_DIRECT) != 0)
+        return -1;
+    *direct = 0;
+    return 0;
+}
+
+/* An aligned copy of the header for an O_DIRECT transfer (*aligned; NULL
+ * for none), or fd back to buffered I/O when no memory is left for it.
+ * 0, or -1 with errno. */
+static int pm_aligned_header(int fd, size_t header_len, int *direct, void **aligned)
 {
     *aligned = NULL;
-    if (O_DIRECT == 0)
+    if (!*direct || header_len == 0)
         return 0;
-    if (header_len > 0 && posix_memalign(aligned, PINMEM_ENTRY_ALIGN, header_len) != 0) {
-        *aligned = NULL;
+    if (posix_memalign(aligned, PINMEM_ENTRY_ALIGN, header_len) == 0)
         return 0;
-    }
-    int fl = fcntl(fd, F_GETFL);
-    if (fl >= 0 && fcntl(fd, F_SETFL, fl | O_DIRECT) == 0)
-        return 1;
-    free(*aligned);
     *aligned = NULL;
-    return 0;
+    return pm_stop_direct(fd, direct);
 }
 
 /* Write all of iov (two parts) at offset 0 (pwritev) or at the file
@@ -201,8 +226,10 @@ PINMEM_API int pinmem_entry_write(const char *temp, const char *path, const void
     int spare = (flags & PINMEM_ENTRY_SPARE) != 0;
     int fd;
     struct stat st;
+    int direct = 0;
+    int want = (flags & PINMEM_ENTRY_DIRECT) && pm_direct_ok(data, data_len, header_len);
     if (spare) {
-        fd = open(temp, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+        fd = pm_open_direct(temp, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0, want, &direct);
         if (fd < 0) {
             unlink(temp);
             return PINMEM_OK; /* missing, a symlink, a FIFO...: not usable */
@@ -215,13 +242,18 @@ PINMEM_API int pinmem_entry_write(const char *temp, const char *path, const void
             return PINMEM_OK;
         }
     } else {
-        fd = open(temp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+        fd = pm_open_direct(temp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644,
+                            want, &direct);
         if (fd < 0)
             return pm_fail(PINMEM_ESYS, errno, "open(%.200s, O_CREAT | O_EXCL) failed", temp);
     }
     void *aligned = NULL;
-    int direct = (flags & PINMEM_ENTRY_DIRECT) && pm_direct_ok(data, data_len, header_len) &&
-                 pm_go_direct(fd, header_len, &aligned);
+    if (pm_aligned_header(fd, header_len, &direct, &aligned) != 0) {
+        int err = errno;
+        close(fd);
+        unlink(temp);
+        return pm_fail(PINMEM_ESYS, err, "fcntl of %.200s failed", temp);
+    }
     if (aligned != NULL)
         memcpy(aligned, header, header_len);
     pm_entry_hook(PINMEM_HOOK_WRITE_BEFORE_DATA);
@@ -304,8 +336,11 @@ PINMEM_API int pinmem_entry_read(const char *path, void *header, size_t header_l
     *nread = 0;
     if (stamp != NULL)
         memset(stamp, 0, sizeof *stamp);
+    int want = (flags & PINMEM_ENTRY_DIRECT) && pm_direct_ok(data, data_len, header_len);
     for (int tries = 0; tries < PM_ENTRY_OPEN_TRIES; tries++) {
-        int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+        int direct = 0;
+        int fd = pm_open_direct(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0, want,
+                                &direct);
         if (fd < 0) {
             int err = errno;
             if (err == ENOENT) {
@@ -356,9 +391,17 @@ PINMEM_API int pinmem_entry_read(const char *path, void *header, size_t header_l
          * unaligned end of file): any other file is read buffered, and the
          * caller's checks say what is wrong with it. */
         void *aligned = NULL;
-        int direct = (flags & PINMEM_ENTRY_DIRECT) && pm_direct_ok(data, data_len, header_len) &&
-                     (uint64_t)st.st_size == (uint64_t)header_len + data_len &&
-                     pm_go_direct(fd, header_len, &aligned);
+        if (direct && (uint64_t)st.st_size != (uint64_t)header_len + data_len &&
+            pm_stop_direct(fd, &direct) != 0) {
+            int err = errno;
+            close(fd);
+            return pm_fail(PINMEM_ESYS, err, "fcntl of %.200s failed", path);
+        }
+        if (pm_aligned_header(fd, header_len, &direct, &aligned) != 0) {
+            int err = errno;
+            close(fd);
+            return pm_fail(PINMEM_ESYS, err, "fcntl of %.200s failed", path);
+        }
         char extra;
         struct iovec iov[3] = {{aligned != NULL ? aligned : header, header_len},
                                {data, data_len},
