@@ -63,6 +63,8 @@ and by the hits of ``get``, ``batched_get``, ``exists`` and
 ``batched_exists``.  A put that takes the total over the bound evicts the
 least recently used entries (:mod:`kvpool.remote.file.evict`).  With
 ``direct_io`` the bytes move with ``O_DIRECT`` (:mod:`kvpool.remote.file.direct`).
+Rows of registered host memory move by address, with no memory objects
+(``put_ranges``, ``get_ranges``: :mod:`kvpool.remote.file.ranges`).
 """
 
 from __future__ import annotations
