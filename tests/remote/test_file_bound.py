@@ -382,6 +382,53 @@ def test_a_failing_on_evict_fails_no_put(
     assert len(logged) == 1 and "listener is broken" in logged[0].getMessage()
 
 
+def test_deleting_an_entry_removed_behind_the_stores_back_drops_its_record(
+    tmp_path: Path, pool: kvpool.TensorMemoryAllocator, size: int
+) -> None:
+    with FileStore(tmp_path / "s", max_bytes=4 * size) as store:
+        _put(store, pool, "a", "b")
+        os.unlink(store.path("a"))
+        assert not store.delete("a") and store.bound.used == size
+        assert store.delete_prefix("a") == 0 and store.bound.problems() == []
+
+
+def test_an_eviction_that_fails_fails_no_put_and_is_tried_again(
+    tmp_path: Path,
+    pool: kvpool.TensorMemoryAllocator,
+    size: int,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from kvpool.remote.file import evict
+
+    real = evict.entry_calls.evict_entry
+    refusals = [PermissionError(13, "Permission denied")]
+
+    def refusing(*args: Any) -> int:
+        if refusals:
+            raise refusals.pop()
+        return real(*args)
+
+    monkeypatch.setattr(evict.entry_calls, "evict_entry", refusing)
+    evicted: list[list[bytes]] = []
+    with (
+        caplog.at_level(logging.WARNING, logger="kvpool"),
+        FileStore(tmp_path / "s", max_bytes=2 * size, on_evict=evicted.append) as store,
+    ):
+        _put(store, pool, "a", "b")
+        _put(store, pool, "c")  # "a" cannot be removed: stored all the same
+        assert _stored(store) == {"a", "b", "c"} and store.bound.used == 3 * size
+        assert store.counters.snapshot()["evict"].errors == {"PermissionError": 1}
+        # The one broken invariant, while the file cannot be removed: over the bound.
+        assert evicted == [] and store.bound.problems() == [
+            f"{3 * size} bytes recorded with no put in flight, over the bound of {2 * size}"
+        ]
+        _put(store, pool, "d")  # "a" (still the least recently used) and "b" go now
+        assert _stored(store) == {"c", "d"} and evicted == [[b"a", b"b"]]
+        assert store.bound.problems() == []
+    assert any("evicting b'ka' failed" in r.getMessage() for r in caplog.records)
+
+
 @pytest.mark.parametrize(
     ("options", "error", "match"),
     [

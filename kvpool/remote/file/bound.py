@@ -206,6 +206,19 @@ class Bound:
                 if hit and name in order:
                     order.move_to_end(name)
 
+    def restore(self, name: bytes, record: Record) -> None:
+        """Put back a victim whose file could not be removed, as the least recently used.
+
+        The next eviction tries it again.  Nothing changes when ``name`` was
+        recorded again meanwhile (a put of its key).
+        """
+        with self._lock:
+            if name in self._order:
+                return
+            self._order[name] = record
+            self._order.move_to_end(name, last=False)
+            self._used += record.stamp.size
+
     def lock_for(self, name: bytes) -> threading.RLock:
         """The lock held across an I/O on ``name``'s file and its index change (see the module)."""
         return self._stripes[hash(name) & (_STRIPES - 1)]

@@ -20,8 +20,11 @@
   evictions (``evict``: ``entries`` files removed, ``nbytes`` their bytes,
   ``misses`` entries found gone or rewritten by another process).
 
-A callback that raises does not fail the put that evicted: its error is
-counted (``on_evict`` errors in the counters) and logged once per store.
+Neither fails the put that evicted (its entry is stored): a callback that
+raises is counted (``on_evict`` errors in the counters), a file that cannot
+be removed (a read-only or failing file system) is counted (``evict``
+errors) and stays recorded as the least recently used, for the next
+eviction to try again; each is logged once per store.
 """
 
 from __future__ import annotations
@@ -31,7 +34,6 @@ import logging
 import time
 from collections.abc import Callable
 
-from kvpool.errors import RemoteStoreError
 from kvpool.native import entry as entry_calls
 from kvpool.remote.counters import StoreCounters
 from kvpool.remote.file.bound import Bound, Record
@@ -67,6 +69,7 @@ class Evictor:
         on_evict: Callable[[list[bytes]], object] | None,
         where: str,
     ) -> None:
+        self._bound = bound
         self._lock_for = bound.lock_for
         self._bprefix = bprefix
         self._seq = seq
@@ -85,15 +88,13 @@ class Evictor:
             evicted: receives the keys to report (not those of entries
                 rewritten by another process, which stay).
 
-        Raises:
-            RemoteStoreError: a file could not be renamed or unlinked (the
-                other victims are still removed; the first error is raised).
+        A file that cannot be removed is put back in the index (see the
+        module notes); the others are still removed.
         """
         if not victims:
             return
         started = _clock()
         removed = freed = missed = 0
-        failed: RemoteStoreError | None = None
         for name, record in victims:
             temp = temp_name(self._bprefix, next(self._seq))
             try:
@@ -102,12 +103,13 @@ class Evictor:
                         self._bprefix + name, temp, record.stamp, keep
                     )
             except OSError as exc:
-                if failed is None:
-                    failed = RemoteStoreError(
-                        exc.errno,
-                        f"{self._where}: evicting {name!r} failed: {exc.strerror or exc}; the "
-                        "store stays over its bound until a later eviction removes it",
-                    )
+                self._bound.restore(name, record)  # still there: the next eviction tries again
+                self._counters.observe("evict", 0.0, error=exc)
+                self._warn_once(
+                    f"evicting {name!r} failed: {exc.strerror or exc} "
+                    f"({type(exc).__name__}); the store stays over its bound until an "
+                    "eviction succeeds"
+                )
                 continue
             if outcome == entry_calls.EVICTED:
                 removed += 1
@@ -118,11 +120,10 @@ class Evictor:
                 missed += 1
             if outcome != entry_calls.CHANGED and record.key is not None:
                 evicted.append(record.key)
-        self._counters.observe(
-            "evict", _clock() - started, entries=removed, nbytes=freed, misses=missed
-        )
-        if failed is not None:
-            raise failed
+        if removed or missed:
+            self._counters.observe(
+                "evict", _clock() - started, entries=removed, nbytes=freed, misses=missed
+            )
 
     def report(self, evicted: list[bytes]) -> None:
         """Call ``on_evict(evicted)`` when there are keys and a callback (see the module notes)."""
@@ -132,14 +133,18 @@ class Evictor:
             self._on_evict(evicted)
         except Exception as exc:
             self._counters.observe("on_evict", 0.0, error=exc)
-            if not self._logged:
-                self._logged = True
-                # Text only: the exception's frames reach the put's, which
-                # hold views of the caller's objects (a log record may be kept).
-                logger.warning(
-                    "%s: on_evict raised %s: %s (its puts still succeed; this is logged once "
-                    "per store, every failure is counted under on_evict)",
-                    self._where,
-                    type(exc).__name__,
-                    str(exc),
-                )
+            # Text only: the exception's frames reach the put's, which hold
+            # views of the caller's objects (a log record may be kept).
+            self._warn_once(f"on_evict raised {type(exc).__name__}: {exc}")
+
+    def _warn_once(self, what: str) -> None:
+        """Log ``what`` once per store (every failure is counted)."""
+        if self._logged:
+            return
+        self._logged = True
+        logger.warning(
+            "%s: %s (puts still succeed; logged once per store, every failure is counted under "
+            "evict or on_evict)",
+            self._where,
+            what,
+        )

@@ -878,7 +878,11 @@ class FileStore(RemoteStore, RangeCalls):
         """Unlink an entry's file and drop its record: one step for the key's other calls."""
         bound: Bound = self._bound  # type: ignore[assignment]
         with bound.lock_for(name):
-            os.unlink(path)
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                bound.forget((name,))  # gone already: counted no longer
+                raise
             bound.forget((name,))
 
     def head(self, key: Key) -> EntryInfo | None:
