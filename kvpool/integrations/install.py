@@ -111,6 +111,10 @@ class Recipe:
         modules: what must import afterwards (the engine's modules kvpool
             uses, and kvpool's own integration module).
         stand_in: files placed when a module the engine imports is missing.
+
+    Raises:
+        TypeError: ``requirements`` is not a :class:`~pathlib.Path`.
+        ValueError: ``modules`` is empty or holds something other than names.
     """
 
     command: str
@@ -118,6 +122,18 @@ class Recipe:
     requirements: Path
     modules: tuple[str, ...]
     stand_in: StandIn | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.requirements, Path):
+            raise TypeError(
+                f"Recipe(requirements={self.requirements!r}): give the pinned list as a "
+                "pathlib.Path"
+            )
+        if not self.modules or not all(isinstance(m, str) and m for m in self.modules):
+            raise ValueError(
+                f"Recipe(modules={self.modules!r}): give a tuple of one or more module names "
+                "to import after the install"
+            )
 
 
 def requirements(path: Path) -> list[str]:
@@ -214,7 +230,18 @@ def install(
         0 when the packages are installed and every module imports; 1 when
         pip or the check failed (its output says why), or torch changed;
         2 when torch is not installed.
+
+    Raises:
+        TypeError: ``recipe`` is not a :class:`Recipe`.
+        FileNotFoundError: the recipe's pinned list is missing.
     """
+    if not isinstance(recipe, Recipe):
+        raise TypeError(f"install(recipe={recipe!r}): give a kvpool.integrations.install.Recipe")
+    if not recipe.requirements.is_file():
+        raise FileNotFoundError(
+            f"{recipe.command}: the pinned list {recipe.requirements} is missing from this "
+            "kvpool; reinstall kvpool (pip install --force-reinstall kvpool)"
+        )
     label = recipe.title.split()[0]
 
     def tell(line: str) -> None:

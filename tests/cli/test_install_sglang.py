@@ -17,8 +17,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from kvpool.cli.sglang import MODULES, REQUIREMENTS, TORCHVISION
-from kvpool.integrations.install import requirements
+from kvpool.integrations.install import Recipe, install, requirements
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -142,3 +144,15 @@ def test_the_stand_in_is_not_placed_where_its_module_is_installed(tmp_path: Path
     assert done.returncode == 0, done.stdout + done.stderr
     assert "placed a stand-in" not in done.stdout
     assert not (site / "stand_in_for_test.pth").exists()
+
+
+def test_a_recipe_and_install_refuse_what_they_cannot_use(tmp_path: Path) -> None:
+    with pytest.raises(TypeError, match=r"requirements='list\.txt'.*pathlib\.Path"):
+        Recipe("install-x", "X 1", "list.txt", ("x",))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"modules=\(\).*one or more module names"):
+        Recipe("install-x", "X 1", tmp_path / "list.txt", ())
+    with pytest.raises(TypeError, match=re.escape("give a kvpool.integrations.install.Recipe")):
+        install(REQUIREMENTS)  # type: ignore[arg-type]
+    missing = Recipe("install-x", "X 1", tmp_path / "list.txt", ("x",))
+    with pytest.raises(FileNotFoundError, match=r"install-x: the pinned list .* is missing"):
+        install(missing)
