@@ -1,0 +1,171 @@
+"""vLLM 0.33.0's own tiering offload manager on a CPU: the vLLM compatibility suite's setup.
+
+This folder runs in an environment that has ``vllm==0.33.0`` (``make
+compat`` builds and caches one from ``tests/compat/requirements-vllm033.txt``,
+see ``tests/compat/make_venv.py``).  Where vLLM is not installed the folder
+is not collected; ``KVPOOL_REQUIRE_VLLM=1`` (set by ``make compat``) makes
+that an error.  The kvpool imported must be this checkout's.
+
+Before vLLM is imported the process is set up as the harness needs it:
+``VLLM_TARGET_DEVICE=cpu`` (vLLM's CPU platform), ``HF_HOME`` a folder of
+this session's with ``HF_HUB_OFFLINE=1`` (the models are ``config.json``
+files filed there by :class:`harness.ModelStore`) and vLLM's log at
+WARNING unless ``VLLM_LOGGING_LEVEL`` says otherwise.
+
+Fixtures: ``engines`` makes :class:`harness.Engine` s (closed after the
+test); ``shared_tier`` is the ``secondary_tiers`` entry of each tier that
+copies bytes and can be shared by engines, one parameter per tier in
+:data:`SHARED_TIERS` (add one there to run the harness's tests on it);
+``redis_server``, ``redis_cluster``, ``mooncake`` are real servers on
+loopback (tests/remote's starters), stopped after the session.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+REQUIRE = os.environ.get("KVPOOL_REQUIRE_VLLM", "").strip().lower() in ("1", "true", "yes")
+
+if importlib.util.find_spec("vllm") is None:
+    if REQUIRE:
+        raise pytest.UsageError(
+            "KVPOOL_REQUIRE_VLLM is set but vllm is not installed in this interpreter; "
+            "run `make compat`"
+        )
+    collect_ignore_glob = ["*"]
+else:
+    import kvpool
+
+    if REPO not in Path(kvpool.__file__).resolve().parents:
+        raise pytest.UsageError(
+            f"kvpool was imported from {kvpool.__file__}, not from the checkout under test "
+            f"({REPO}); run pytest from the repository root with `python -m pytest`"
+        )
+    # Read by vLLM and huggingface_hub when they are imported: set first.
+    _HF_HOME = Path(tempfile.mkdtemp(prefix="kvpool-vllm-hf-"))
+    os.environ["HF_HOME"] = str(_HF_HOME)
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["VLLM_TARGET_DEVICE"] = "cpu"
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Remove this session's model cache."""
+    home = globals().get("_HF_HOME")
+    if home is not None:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+# -- engines -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def model_store() -> Any:
+    """The session's offline model cache (:class:`harness.ModelStore`)."""
+    from huggingface_hub import constants
+
+    from .harness import ModelStore
+
+    hub = Path(constants.HF_HUB_CACHE)
+    if not constants.HF_HUB_OFFLINE or _HF_HOME not in hub.parents:
+        raise pytest.UsageError(
+            f"huggingface_hub was imported before this conftest set HF_HOME (its cache is "
+            f"{hub}, offline={constants.HF_HUB_OFFLINE}); run tests/compat_vllm on its own"
+        )
+    return ModelStore(hub)
+
+
+@pytest.fixture
+def engines(model_store: Any) -> Iterator[Callable[..., Any]]:
+    """``make(tiers, layout=None, **kw)``: a :class:`harness.Engine`, closed after the test.
+
+    ``kw`` goes to the Engine (``engine_id``, ``extra``).  Every engine is
+    closed, the last made first; the first error is raised after all are.
+    """
+    from .harness import Engine
+
+    made: list[Any] = []
+
+    def make(tiers: list[dict[str, Any]], layout: Any = None, **kw: Any) -> Any:
+        engine = Engine(model_store, tiers, layout, **kw)
+        made.append(engine)
+        return engine
+
+    yield make
+    errors = []
+    for engine in reversed(made):
+        try:
+            engine.close()
+        except Exception as exc:  # close the others, then report it
+            errors.append(exc)
+    if errors:
+        raise errors[0]
+
+
+def fs_tier(request: pytest.FixtureRequest, root: Path) -> dict[str, Any]:
+    """vLLM's own ``fs`` tier in a folder of the test's, with few threads (2 CPUs)."""
+    return {"type": "fs", "root_dir": str(root / "fs"), "n_read_threads": 2, "n_write_threads": 2}
+
+
+#: The tiers the harness's shared-tier tests run on: a name, and a function
+#: of the test's request and a folder of its own that gives the
+#: ``secondary_tiers`` entry.  The entry must name fresh storage for the
+#: test (that folder, or a key prefix of its own on a session's server);
+#: engines of one test given the same entry share it.  A tier on a server
+#: takes the server from its fixture, e.g.
+#: ``lambda request, root: {"type": "KVPoolTier", "module_path":
+#: "kvpool.integrations.vllm", "url": request.getfixturevalue("redis_server").url}``.
+SHARED_TIERS: dict[str, Callable[[pytest.FixtureRequest, Path], dict[str, Any]]] = {
+    "fs": fs_tier,
+}
+
+
+@pytest.fixture(params=sorted(SHARED_TIERS))
+def shared_tier(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, Any]:
+    """Each tier of :data:`SHARED_TIERS`: its ``secondary_tiers`` entry, on fresh storage."""
+    return SHARED_TIERS[request.param](request, tmp_path)
+
+
+# -- servers -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[Any]:
+    """A real redis-server on loopback (tests/remote's ``start_redis``)."""
+    from remote.redis_servers import need_redis, start_redis
+
+    server = start_redis(need_redis())
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[Any]:
+    """A real three-master Redis Cluster (tests/remote's ``start_cluster``)."""
+    from remote.cluster_servers import start_cluster
+
+    cluster = start_cluster()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def mooncake() -> Iterator[Any]:
+    """A real Mooncake master and storage node (tests/remote's ``start_mooncake``)."""
+    from remote.mooncake_servers import start_mooncake
+
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("MC_TCP_BIND_ADDRESS", "127.0.0.1")
+        env.setenv("MC_LOG_LEVEL", os.environ.get("MC_LOG_LEVEL", "ERROR"))
+        deployment = start_mooncake()
+        yield deployment
+        deployment.stop()
