@@ -8,7 +8,8 @@
 #   make compat     LMCache 0.5.6's own code on kvpool memory (tests/compat), in a
 #                   cached environment with lmcache over this interpreter's packages;
 #                   and at the same time SGLang 0.5.23's HiCache on kvpool's stores
-#                   (tests/compat_sglang), in a second cached environment
+#                   (tests/compat_sglang) and vLLM 0.33.0's tiering offload manager on
+#                   a CPU (tests/compat_vllm), each in a cached environment of its own
 #   make demo       run the main job from this clone: the capability report, then a verified
 #                   put/get round trip.  Installs what the demo needs (torch where there is
 #                   none, cffi, numpy) into $(PYTHON)'s environment, which it names first,
@@ -142,21 +143,27 @@ docs-check:
 # The environment is built once per requirements file, interpreter and torch,
 # under $$KVPOOL_COMPAT_CACHE (default ~/.cache/kvpool); every package goes in
 # with --no-deps, so no CUDA torch is ever pulled in.
-# The two suites run at the same time (each waits on its servers and threads
+# The three suites run at the same time (each waits on its servers and threads
 # much of the time; each starts its own servers on free ports): LMCache's
-# prints as it goes, SGLang's log is printed when both have ended.
+# prints as it goes, SGLang's and vLLM's logs are printed when all have ended.
 compat: lib
 	@set -e; compat_python=$$($(PYTHON) tests/compat/make_venv.py); \
 	sglang_python=$$($(PYTHON) tests/compat/make_venv.py \
 		--requirements kvpool/integrations/sglang/requirements-sgl0523.txt); \
-	echo "compat: $$compat_python (tests/compat), $$sglang_python (tests/compat_sglang)"; \
-	log=$$(mktemp); trap 'rm -f "$$log"' EXIT; set +e; \
-	KVPOOL_REQUIRE_SGLANG=1 $$sglang_python -m pytest tests/compat_sglang >"$$log" 2>&1 & \
+	vllm_python=$$($(PYTHON) tests/compat/make_venv.py \
+		--requirements tests/compat/requirements-vllm033.txt); \
+	echo "compat: $$compat_python (tests/compat), $$sglang_python (tests/compat_sglang)," \
+		"$$vllm_python (tests/compat_vllm)"; \
+	logs=$$(mktemp -d); trap 'rm -rf "$$logs"' EXIT; set +e; \
+	KVPOOL_REQUIRE_SGLANG=1 $$sglang_python -m pytest tests/compat_sglang >"$$logs/sglang" 2>&1 & \
 	sglang=$$!; \
+	KVPOOL_REQUIRE_VLLM=1 $$vllm_python -m pytest tests/compat_vllm >"$$logs/vllm" 2>&1 & \
+	vllm=$$!; \
 	KVPOOL_REQUIRE_LMCACHE=1 $$compat_python -m pytest tests/compat; lmcache_status=$$?; \
-	wait $$sglang; sglang_status=$$?; \
-	echo "== tests/compat_sglang (SGLang 0.5.23):"; cat "$$log"; \
-	[ $$lmcache_status -eq 0 ] && [ $$sglang_status -eq 0 ]
+	wait $$sglang; sglang_status=$$?; wait $$vllm; vllm_status=$$?; \
+	echo "== tests/compat_sglang (SGLang 0.5.23):"; cat "$$logs/sglang"; \
+	echo "== tests/compat_vllm (vLLM 0.33.0):"; cat "$$logs/vllm"; \
+	[ $$lmcache_status -eq 0 ] && [ $$sglang_status -eq 0 ] && [ $$vllm_status -eq 0 ]
 
 # Only what the demo needs: torch (where there is none, as for deps) and
 # kvpool's other dependencies; the demo runs this clone's kvpool (python -m
