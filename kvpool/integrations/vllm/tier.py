@@ -254,10 +254,12 @@ class KVPoolTier(SecondaryTierManager):
 
     def _adopt(self, store: Any) -> None:
         """Set the transfers up for ``store``: address ranges where it takes them."""
-        headerless = bool(getattr(store, "headerless", False))
+        # A directory's ranges keep kvpool's header (any store reads them);
+        # Mooncake's are the bare bytes, so only a headerless store takes them.
+        takes = self.options.kind == "file" or bool(getattr(store, "headerless", False))
         ranges = False
         register = getattr(store, "register_memory", None)
-        if headerless and register is not None and hasattr(store, "put_ranges"):
+        if takes and register is not None and hasattr(store, "put_ranges"):
             lender = self.rows.lender
             try:
                 self._registered = register(lender.address, lender.nbytes)

@@ -7,8 +7,9 @@ chunks in calls of at most :data:`~kvpool.integrations.vllm.config.CALL_BYTES`
 * :meth:`RowTransfers.store` - the chunks the store has already are not
   written again (one ``batched_exists``, unless the store itself leaves an
   existing key as it is); the rest are put in place: lent row objects in one
-  ``batched_put`` per call, or, on a headerless Mooncake store over the
-  registered region, the rows' address ranges (``put_ranges``);
+  ``batched_put`` per call, or, on a directory or a headerless Mooncake store
+  over the registered region, the rows' address ranges (``put_ranges``: no
+  object per row);
 * :meth:`RowTransfers.load` - each chunk is read into its row in place (a
   :class:`~kvpool.remote.placement.Placement` for ``batched_get``, or
   ``get_ranges``).  An entry that cannot be the chunk's - corrupt, truncated,
@@ -63,7 +64,8 @@ class RowTransfers:
     Args:
         rows: the primary tier's rows.
         ranges: move address ranges (``put_ranges``/``get_ranges``) instead of
-            lent objects: for a headerless store over the registered region.
+            lent objects: for a directory or a headerless Mooncake store over the
+            registered region.
         skips_existing: the store's put leaves an existing key as it is
             (Mooncake with ``replace`` off), so no existence check is needed.
         call_bytes: most bytes of rows per store call.
