@@ -21,6 +21,7 @@ mooncake_put_get   optional: MooncakeStore batched put/get     raw Mooncake batc
 async_put_get      optional: asyncio cluster/Mooncake stores   their blocking stores
 lmcache_remote     optional: LMCache round trip via plugin     LMCache's own connectors
 sglang_hicache     optional: SGLang HiCache L3 via backend     SGLang's own backends
+vllm_tier          optional: vLLM secondary tier (KVPoolTier)  vLLM's own ``fs`` tier
 =================  ==========================================  ==========================
 
 Every benchmark lives in this package, so that ``kvpool bench`` works after
@@ -154,6 +155,11 @@ OPTIONAL: dict[str, OptionalSource] = {
     "sglang_hicache": OptionalSource(
         "SGLang HiCache L3 set/get: kvpool's backend vs SGLang's own backends and redis-benchmark",
         modules=("kvpool.cli.bench.sglang_hicache",),
+    ),
+    # Needs vLLM (its scheduler side); starts the servers it measures on.
+    "vllm_tier": OptionalSource(
+        "vLLM secondary tier store/load: kvpool's tier vs vLLM's fs tier and redis-benchmark",
+        modules=("kvpool.cli.bench.vllm_tier",),
     ),
 }
 

@@ -21,6 +21,7 @@ __all__ = [
     "redis_cluster_tools",
     "redis_server",
     "sglang",
+    "vllm",
 ]
 
 #: Debian's and Ubuntu's package of redis-server, redis-cli and redis-benchmark.
@@ -94,6 +95,16 @@ def sglang() -> str | None:
     if importlib.util.find_spec("sglang") is None:
         return (
             "SGLang is not installed in this Python; `python -m kvpool install-sglang` "
+            "installs it into this environment"
+        )
+    return None
+
+
+def vllm() -> str | None:
+    """Why vLLM's side cannot run in this Python, or None."""
+    if importlib.util.find_spec("vllm") is None:
+        return (
+            "vLLM is not installed in this Python; `python -m kvpool install-vllm` "
             "installs it into this environment"
         )
     return None

@@ -52,7 +52,9 @@ __all__ = [
     "Pages",
     "Pair",
     "RedisBenchmark",
+    "delete_keys",
     "file_pair",
+    "fs_type",
     "mooncake_pair",
     "redis_pair",
 ]
@@ -330,8 +332,16 @@ class RedisBenchmark(Contender):
 
     def round(self, pages: Pages, keys: list[str]) -> tuple[float, float]:
         """The seconds SET and GET of the round's entries take at redis-benchmark's best rates."""
-        entries = len(keys) * len(pages.ranges)
-        size = max(pages.ranges)
+        return self.seconds(len(keys) * len(pages.ranges), max(pages.ranges))
+
+    def seconds(self, entries: int, size: int) -> tuple[float, float]:
+        """The seconds SET and GET of ``entries`` values of ``size`` bytes take at its best.
+
+        The server is emptied before each measurement (``wipe``).
+
+        Raises:
+            RuntimeError: redis-benchmark printed no rate.
+        """
         requests = max(64, 2 * entries)  # more requests than entries: its clock counts ms
         best = {"set": 0.0, "get": 0.0}
         for pipeline in self.PIPELINES:
@@ -407,14 +417,14 @@ def file_pair(name: str, pages: Pages, directory: str | None) -> Pair:
         name,
         Backend("kvpool", kv),
         Generic("HiCacheFile", hf, closes=False),
-        f"{base} ({_fs_type(base)})",
+        f"{base} ({fs_type(base)})",
         bounds=[BareFiles(folders["bare"])],
         empty=empty,
         stop=[lambda: shutil.rmtree(base, ignore_errors=True)],
     )
 
 
-def _fs_type(path: Path) -> str:
+def fs_type(path: Path) -> str:
     """The file system type ``path`` is on (from /proc/mounts), or "?"."""
     best, kind = "", "?"
     try:
@@ -471,7 +481,7 @@ def mooncake_pair(pages: Pages) -> Pair:
     )
 
 
-def _delete_keys(port: int) -> None:
+def delete_keys(port: int) -> None:
     """Delete every key of the server (or cluster master) on ``port``, one DEL each.
 
     Not FLUSHALL: Redis hands a flushed keyspace's pages back to the
@@ -515,7 +525,7 @@ def redis_pair(pages: Pages, cluster: bool) -> Pair:
 
     def empty() -> None:
         for port in ports:
-            _delete_keys(port)
+            delete_keys(port)
 
     name = "cluster" if cluster else "redis"
     where = "3 masters" if cluster else "one server"
