@@ -151,7 +151,7 @@ compat: lib
 	sglang_python=$$($(PYTHON) tests/compat/make_venv.py \
 		--requirements kvpool/integrations/sglang/requirements-sgl0523.txt); \
 	vllm_python=$$($(PYTHON) tests/compat/make_venv.py \
-		--requirements tests/compat/requirements-vllm033.txt); \
+		--requirements kvpool/integrations/vllm/requirements-vllm033.txt); \
 	echo "compat: $$compat_python (tests/compat), $$sglang_python (tests/compat_sglang)," \
 		"$$vllm_python (tests/compat_vllm)"; \
 	logs=$$(mktemp -d); trap 'rm -rf "$$logs"' EXIT; set +e; \

@@ -3,9 +3,10 @@
 One parser with a subcommand per job: ``demo`` (a verified put/get round
 trip, :mod:`kvpool.cli.demo`), ``info`` (the capability report with advice,
 :mod:`kvpool.cli.info`), ``bench`` (the benchmark suite,
-:mod:`kvpool.cli.bench`), ``install-lmcache`` and ``install-sglang`` (LMCache,
-SGLang, and what their code imports, into this environment:
-:mod:`kvpool.cli.lmcache`, :mod:`kvpool.cli.sglang`).
+:mod:`kvpool.cli.bench`), ``install-lmcache``, ``install-sglang`` and
+``install-vllm`` (LMCache, SGLang, vLLM's scheduler side, and what their code
+imports, into this environment: :mod:`kvpool.cli.lmcache`,
+:mod:`kvpool.cli.sglang`, :mod:`kvpool.cli.vllm`).
 More are added by registering them in :data:`SUBCOMMANDS`::
 
     def add_demo(subparsers) -> None:
@@ -76,6 +77,12 @@ def _add_install_sglang(subparsers: Any) -> None:
     add_parser(subparsers)
 
 
+def _add_install_vllm(subparsers: Any) -> None:
+    from kvpool.cli.vllm import add_parser
+
+    add_parser(subparsers)
+
+
 #: Functions that each add one subcommand to the subparsers object.
 SUBCOMMANDS: list[Callable[[Any], None]] = [
     _add_demo,
@@ -83,6 +90,7 @@ SUBCOMMANDS: list[Callable[[Any], None]] = [
     _add_bench,
     _add_install_lmcache,
     _add_install_sglang,
+    _add_install_vllm,
 ]
 
 

@@ -54,6 +54,7 @@ REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO))  # the checkout's kvpool: the recipe's list and pip command
 
 from kvpool.cli.sglang import REQUIREMENTS as SGLANG_REQUIREMENTS  # noqa: E402
+from kvpool.cli.vllm import REQUIREMENTS as VLLM_REQUIREMENTS  # noqa: E402
 from kvpool.integrations.install import pip_command  # noqa: E402
 from kvpool.integrations.lmcache.requirements import REQUIREMENTS  # noqa: E402
 
@@ -165,7 +166,7 @@ def build(venv: Path, requirements: Path) -> None:
 
 #: What ``--all`` builds: every environment ``make compat`` runs a suite in, each
 #: from the list its installer uses (a new environment adds its list here).
-ALL_REQUIREMENTS = (REQUIREMENTS, SGLANG_REQUIREMENTS, HERE / "requirements-vllm033.txt")
+ALL_REQUIREMENTS = (REQUIREMENTS, SGLANG_REQUIREMENTS, VLLM_REQUIREMENTS)
 
 
 def ensure(requirements: Path, root: Path, rebuild: bool) -> Path:

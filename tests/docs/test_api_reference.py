@@ -24,8 +24,13 @@ REFERENCE = ROOT / "docs" / "reference"
 DIRECTIVE = re.compile(r"^:::\s+([\w.]+)\s*$", re.MULTILINE)
 
 IMPORTED = ["kvpool", "kvpool.remote", "kvpool.integrations.lmcache"]
-# Modules that import LMCache: their __all__ is read from the source.
+# Modules that import LMCache, SGLang or vLLM (a module of kvpool.integrations.vllm
+# imports vLLM through its package): their __all__ is read from the source.
 STATIC = [
+    "kvpool.integrations.vllm.tier",
+    "kvpool.integrations.vllm.config",
+    "kvpool.integrations.vllm.keys",
+    "kvpool.integrations.vllm.metrics",
     "kvpool.integrations.lmcache.remote",
     "kvpool.integrations.sglang.storage",
     "kvpool.integrations.sglang.config",
