@@ -26,6 +26,7 @@ import importlib.util
 import os
 import shutil
 import tempfile
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -124,8 +125,34 @@ def fs_tier(request: pytest.FixtureRequest, root: Path) -> dict[str, Any]:
 #: takes the server from its fixture, e.g.
 #: ``lambda request, root: {"type": "KVPoolTier", "module_path":
 #: "kvpool.integrations.vllm", "url": request.getfixturevalue("redis_server").url}``.
+def kvpool_tier(url: str, **options: Any) -> dict[str, Any]:
+    """The ``secondary_tiers`` entry of kvpool's tier on ``url`` (few threads: 2 CPUs)."""
+    return {
+        "type": "KVPoolTier",
+        "module_path": "kvpool.integrations.vllm",
+        "url": url,
+        "threads": 2,
+        **options,
+    }
+
+
+def _fresh_prefix() -> str:
+    """A key prefix of the test's own on a session's server (fresh storage per test)."""
+    return f"t{uuid.uuid4().hex[:10]}:"
+
+
 SHARED_TIERS: dict[str, Callable[[pytest.FixtureRequest, Path], dict[str, Any]]] = {
     "fs": fs_tier,
+    "kvpool-file": lambda request, root: kvpool_tier(str(root / "kv")),
+    "kvpool-redis": lambda request, root: kvpool_tier(
+        request.getfixturevalue("redis_server").url, prefix=_fresh_prefix()
+    ),
+    "kvpool-cluster": lambda request, root: kvpool_tier(
+        request.getfixturevalue("redis_cluster").url, prefix=_fresh_prefix()
+    ),
+    "kvpool-mooncake": lambda request, root: kvpool_tier(
+        request.getfixturevalue("mooncake").url, prefix=_fresh_prefix()
+    ),
 }
 
 

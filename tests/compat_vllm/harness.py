@@ -164,6 +164,8 @@ class Engine:
         engine_id: ``kv_transfer_config.engine_id`` (names the ``/dev/shm``
             region); a fresh one by default.
         extra: more ``kv_connector_extra_config`` keys (``eviction_policy``...).
+        kv_events: start it with KV cache events on (``--kv-events-config``, the
+            ``null`` publisher): the manager's ``take_events`` then has them.
 
     Raises:
         argparse.ArgumentError: vLLM's ``KVTransferConfig`` refused the JSON
@@ -176,8 +178,10 @@ class Engine:
 
     def __init__(self, store: ModelStore, tiers: Sequence[dict[str, Any]],
                  layout: Layout | None = None, *, engine_id: str | None = None,
-                 extra: dict[str, Any] | None = None) -> None:  # fmt: skip
+                 extra: dict[str, Any] | None = None,
+                 kv_events: bool = False) -> None:  # fmt: skip
         self.layout = layout or Layout()
+        self.kv_events = kv_events
         self.engine_id = engine_id or f"kvpool-{uuid.uuid4().hex[:12]}"
         store.ensure(self.layout)
         self.user_json: dict[str, Any] = {
@@ -234,6 +238,9 @@ class Engine:
             "--block-size", str(lay.block_tokens), "--max-model-len", str(lay.max_model_len),
             "--kv-transfer-config", json.dumps(self.user_json),
         ]  # fmt: skip
+        if self.kv_events:
+            argv += ["--kv-events-config",
+                     json.dumps({"enable_kv_cache_events": True, "publisher": "null"})]  # fmt: skip
         args = self._cli().parse_args(argv)
         return EngineArgs.from_cli_args(args).create_engine_config()
 

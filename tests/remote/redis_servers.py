@@ -87,15 +87,16 @@ class RedisServer:
         self.proc.wait(5)
 
 
-def start_redis(binary: str, *extra: str) -> RedisServer:
-    """Start a server on a free loopback port and wait until it answers PING.
+def start_redis(binary: str, *extra: str, port: int | None = None) -> RedisServer:
+    """Start a server on a free loopback port (or ``port``) and wait until it answers PING.
 
     ``extra`` arguments go to the server (e.g. ``--requirepass``); with a
     password set, an ``-NOAUTH`` answer to the probe counts as ready.
     """
     last = ""
-    for _ in range(5):
-        port = _free_port()
+    chosen = port
+    for _ in range(5 if chosen is None else 1):
+        port = _free_port() if chosen is None else chosen
         proc = subprocess.Popen(
             [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "no", "--daemonize", "no", "--loglevel", "warning", *extra],

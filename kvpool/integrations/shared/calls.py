@@ -180,11 +180,14 @@ class BlockingCalls:
         if close is not None:
             _in_a_thread(close, "kvpool-close-after-calls")
 
-    def close(self, close_store: Callable[[], None]) -> int:
-        """Refuse new calls, give those in flight ``CLOSE_GRACE`` s, then close the store.
+    def close(self, close_store: Callable[[], None], grace: float = CLOSE_GRACE) -> int:
+        """Refuse new calls, give those in flight ``grace`` s, then close the store.
 
         Args:
             close_store: closes the store (run once, never under a call).
+            grace: most seconds to wait for the calls in flight (default
+                ``CLOSE_GRACE``; an engine with a tighter bound of its own passes
+                what is left of it).
 
         Returns:
             The calls still in flight after the grace (their last one closes
@@ -194,7 +197,7 @@ class BlockingCalls:
             if self.closing:
                 return 0
             self.closing = True
-            self._done.wait_for(lambda: not self._running, CLOSE_GRACE)
+            self._done.wait_for(lambda: not self._running, max(grace, 0.0))
             late = self._running
             if late:
                 self._close_store = close_store

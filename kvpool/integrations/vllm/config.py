@@ -130,6 +130,7 @@ def read_tier_config(
         asyncio=False,
     )
     kind = store_kind(settings.url)
+    label = f"{label} ({settings.shown_url})"
     threads = values.get("threads", DEFAULT_THREADS[kind])
     if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= 256:
         raise TierConfigError(

@@ -51,7 +51,7 @@ from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, Tra
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvpool.errors import KVPoolError, RemoteStoreError
-from kvpool.integrations.shared.calls import CLOSE_GRACE, BlockingCalls
+from kvpool.integrations.shared.calls import CLOSE_STORE_WAIT, BlockingCalls
 from kvpool.integrations.shared.outage import OutageGate
 from kvpool.integrations.shared.report import Reporter, is_quiet
 from kvpool.integrations.shared.settings import open_settings_store
@@ -80,7 +80,10 @@ LOGGER_NAME = "kvpool.integrations.vllm"
 SHUTDOWN_BOUND = 2.0
 #: Seconds between probes of a store that is down.
 RETRY_AFTER = 1.0
-# How long shutdown waits for the lookup thread's check in flight.
+# How long shutdown waits for the jobs running, then for the lookup thread's check in
+# flight; what is left of SHUTDOWN_BOUND after them, less the store's own close
+# (CLOSE_STORE_WAIT), goes to the store calls still running.
+_JOB_GRACE = 1.2
 _LOOKUP_STOP_WAIT = 0.3
 # Most bytes of a Redis value (the server's proto-max-bulk-len default).
 _REDIS_MAX_VALUE = 512 << 20
@@ -491,9 +494,10 @@ class KVPoolTier(SecondaryTierManager):
         if self.closed:
             return
         self.closed = True
-        running = self._jobs.stop(CLOSE_GRACE)
-        self._lookups.stop(_LOOKUP_STOP_WAIT)
-        late = self._calls.close(self._close_store)
+        deadline = _perf() + SHUTDOWN_BOUND - CLOSE_STORE_WAIT
+        running = self._jobs.stop(_JOB_GRACE)
+        self._lookups.stop(min(_LOOKUP_STOP_WAIT, max(deadline - _perf(), 0.0)))
+        late = self._calls.close(self._close_store, grace=deadline - _perf())
         self.rows.release()
         self.known.clear()
         if running or late:

@@ -1,0 +1,369 @@
+"""kvpool's tier in vLLM's tiering manager: what only it does, beyond the shared-tier tests.
+
+The round trips, a second engine and other layouts run on every store through
+``SHARED_TIERS`` (test_harness.py).  Here: start-up refusals, chunks not written
+twice, a bounded directory and its KV events, damaged entries, an outage and the
+recovery after it, ``reset_cache`` (``drain_jobs``), ``shutdown`` with jobs in flight,
+and the metrics - each through vLLM's own manager, built from the user's JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from store_url_cases import BAD_IDS, BAD_SPECS, created_anything, missing_parent
+
+from .conftest import kvpool_tier
+
+LOGGER = "kvpool.integrations.vllm"
+# What the issue allows a call from vLLM's scheduler to take, in seconds.
+CALL_BOUND = 0.020
+TIER_CALLS = (
+    "lookup",
+    "submit_store",
+    "submit_load",
+    "get_finished_jobs",
+    "on_schedule_end",
+    "on_request_finished",
+    "has_pending_work",
+    "take_events",
+    "touch",
+)
+
+
+def tier_of(engine: Any) -> Any:
+    """The engine's kvpool tier (its only secondary tier here)."""
+    (tier,) = engine.tiers
+    assert type(tier).__name__ == "KVPoolTier"
+    return tier
+
+
+def refusal(make: Callable[..., Any], tiers: list[dict[str, Any]]) -> str:
+    """The message vLLM's start-up fails with for ``tiers``."""
+    from kvpool.integrations.vllm import TierConfigError
+
+    with pytest.raises(TierConfigError) as info:
+        make(tiers)
+    return str(info.value)
+
+
+@pytest.fixture
+def slowest(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[Any], dict[str, float]]]:
+    """``watch(tier)``: times every call vLLM makes on the tier; returns the slowest of each."""
+    worst: dict[str, float] = {}
+
+    def watch(tier: Any) -> dict[str, float]:
+        for name in TIER_CALLS:
+            method = getattr(tier, name)
+
+            def timed(*args: Any, _method: Any = method, _name: str = name, **kw: Any) -> Any:
+                started = time.perf_counter()
+                try:
+                    out = _method(*args, **kw)
+                    if _name == "take_events":
+                        out = list(out)  # a generator does its work when consumed
+                    return out
+                finally:
+                    took = time.perf_counter() - started
+                    worst[_name] = max(worst.get(_name, 0.0), took)
+
+            monkeypatch.setattr(tier, name, timed)
+        return worst
+
+    yield watch
+
+
+# -- start-up ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("url", "fix"), BAD_SPECS, ids=BAD_IDS)
+def test_a_mistyped_url_stops_start_up_naming_the_fix(
+    engines: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, url: str, fix: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    message = refusal(engines, [kvpool_tier(url)])
+    assert fix in message and "kvpool vLLM tier" in message
+    assert created_anything(tmp_path) == []
+
+
+def test_a_directory_whose_parent_is_missing_stops_start_up(engines: Any, tmp_path: Path) -> None:
+    url, fix = missing_parent(tmp_path)
+    message = refusal(engines, [kvpool_tier(url)])
+    assert fix in message and "make_parents" in message
+    assert created_anything(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        ({"timout": 2}, "did you mean timeout"),
+        ({"threads": 0}, "threads must be an int from 1 to 256"),
+        ({"locality": "nearby"}, "locality must be LOCAL or REMOTE"),
+        ({"enable_kv_events": "yes"}, "enable_kv_events must be true or false"),
+        ({"ttl": "soon"}, "refused its settings"),
+    ],
+    ids=["misspelt", "threads", "locality", "events", "bad-value"],
+)
+def test_bad_options_stop_start_up_and_never_show_a_password(
+    engines: Any, options: dict[str, Any], expected: str
+) -> None:
+    url = "redis://:hunter22@127.0.0.1:1/0"
+    message = refusal(engines, [kvpool_tier(url, **options)])
+    assert expected in message
+    assert "hunter22" not in message and "***" in message
+
+
+def test_a_row_layout_the_store_cannot_serve_is_refused(engines: Any, tmp_path: Path) -> None:
+    """direct_io needs rows of whole 4 KiB pages: a primary view of other rows is refused."""
+    import numpy as np
+    from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
+
+    from kvpool.integrations.vllm import TierConfigError
+
+    engine = engines([kvpool_tier(str(tmp_path / "kv"))])
+    rows = memoryview(np.zeros((4, 5000), dtype=np.int8))
+    entry = kvpool_tier(str(tmp_path / "direct"), direct_io=True)
+    with pytest.raises(TierConfigError, match="direct_io needs rows of a multiple of 4096"):
+        SecondaryTierFactory.create_secondary_tier(entry, rows, engine.worker_spec)
+
+
+def test_start_up_logs_one_line_with_the_store_and_the_key_tag(
+    engines: Any, redis_server: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    engine = engines([kvpool_tier(redis_server.url, prefix="t-startup:")])
+    tier = tier_of(engine)
+    lines = [r.getMessage() for r in caplog.records if r.name == LOGGER]
+    assert any(tier.space.tag in line and "2 I/O threads" in line for line in lines), lines
+    assert tier.space.text.startswith("vllm;model=") and "world=1" in tier.space.text
+
+
+# -- chunks, bound, damage ----------------------------------------------------
+
+
+def test_chunks_in_the_tier_already_are_not_written_again(engines: Any, redis_server: Any) -> None:
+    entry = kvpool_tier(redis_server.url, prefix="t-skip:")
+    first, second = engines([entry]), engines([entry])
+    keys = first.keys(21, chunks=4)
+    with first.request() as req:
+        first.store(keys, req)
+    first.settle()
+    with second.request() as req:
+        assert second.store(keys, req).stored == keys  # second's primary tier lacked them
+    second.settle()
+    tier = tier_of(second)
+    assert tier.tally.totals["kvpool:vllm_tier_chunks_skipped"] == len(keys)
+    assert "batched_put" not in tier.store.counters.snapshot()  # no row sent to the server
+
+
+def test_a_bounded_directory_evicts_the_oldest_chunks_and_reports_them(
+    engines: Any, tmp_path: Path
+) -> None:
+    probe = engines([kvpool_tier(str(tmp_path / "probe"))])
+    row = probe.row_bytes
+    probe.close()
+    bound = 6 * (row + 4096)  # six entries, with room for their headers
+    engine = engines([kvpool_tier(str(tmp_path / "kv"), max_bytes=bound)], kv_events=True)
+    old, new = engine.keys(31, chunks=4), engine.keys(32, chunks=4)
+    for keys in (old, new):
+        with engine.request() as req:
+            engine.store(keys, req)
+        engine.settle()
+    tier = tier_of(engine)
+    with engine.manager.lock:
+        events = list(engine.manager.take_events())
+    removed = [k for e in events if e.removed and e.ownership == tier.tier_type for k in e.keys]
+    stored = [k for e in events if not e.removed and e.ownership == tier.tier_type for k in e.keys]
+    assert set(stored) == set(old + new)
+    assert removed and set(removed) <= set(old), "the oldest chunks go first"
+    assert len(removed) >= 2  # eight chunks, room for six
+    entries = [p for p in Path(tier.store.directory).iterdir() if not p.name.startswith(".")]
+    assert len(entries) == 8 - len(removed) and len(entries) <= 6
+    assert tier.tally.totals["kvpool:vllm_tier_chunks_evicted"] == len(removed)
+    names = [tier.space.key(k.hex()) for k in new]
+    assert tier.store.batched_exists(names) == [True] * len(new)  # the newest are still there
+    gone = [tier.space.key(k.hex()) for k in removed]
+    assert tier.store.batched_exists(gone) == [False] * len(removed)
+
+
+def test_a_damaged_entry_is_a_miss_that_is_removed_never_bytes(
+    engines: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    engine = engines([kvpool_tier(str(tmp_path / "kv"))])
+    keys = engine.keys(41, chunks=4)
+    with engine.request() as req:
+        engine.store(keys, req)
+    engine.settle()
+    engine.evict(keys)
+    tier = tier_of(engine)
+    truncated = Path(tier.store.path(tier.space.key(keys[2].hex())))
+    garbage = Path(tier.store.path(tier.space.key(keys[3].hex())))
+    os.truncate(truncated, truncated.stat().st_size // 2)
+    with open(garbage, "r+b") as f:
+        f.write(b"\xff" * 64)  # the header
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+
+    with engine.request() as req:
+        got = engine.load(keys, req)
+    assert got.hits == 2 and got.matched == keys[:2] and not got.mismatched
+    assert not truncated.exists() and not garbage.exists()
+    warned = [r.getMessage() for r in caplog.records if "unusable" in r.getMessage()]
+    assert len(warned) == 2, warned
+    assert tier.tally.totals["kvpool:vllm_tier_unusable_entries"] == 2
+    with engine.request() as req:
+        assert engine.load(keys[2:3], req).hits == 0  # a miss from now on, not a loop
+
+
+# -- outages -----------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_an_outage_is_one_warning_misses_and_failed_jobs_then_it_recovers(
+    engines: Any, caplog: pytest.LogCaptureFixture, slowest: Callable[[Any], dict[str, float]]
+) -> None:
+    from remote.redis_servers import need_redis, start_redis
+
+    port = _free_port()
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    engine = engines([kvpool_tier(f"redis://127.0.0.1:{port}/0")])  # down at start-up: no error
+    tier = tier_of(engine)
+    worst = slowest(tier)
+    keys = engine.keys(51, chunks=4)
+    with engine.request() as req:
+        engine.store(keys, req)
+    engine.settle()
+    engine.evict(keys)
+    with engine.request() as req:
+        got = engine.load(keys, req)
+    assert got.hits == 0 and got.steps <= 3  # misses, not a wait
+    warnings = [r for r in caplog.records if r.name == LOGGER and r.levelno == logging.WARNING]
+    assert len(warnings) == 1, [r.getMessage() for r in warnings]
+    assert "StoreConnectionError" in warnings[0].getMessage()
+    assert tier.report.outages == 1
+
+    server = start_redis(need_redis(), port=port)
+    try:
+        time.sleep(1.2)  # the next probe reaches the server
+        fresh = engine.keys(52, chunks=4)
+        with engine.request() as req:
+            engine.store(fresh, req)
+        engine.settle()
+        engine.evict(fresh)
+        with engine.request() as req:
+            back = engine.load(fresh, req)
+        assert back.hits == len(fresh) and back.matched == fresh
+        assert any("answers again" in r.getMessage() for r in caplog.records)
+        assert tier.report.outages == 1
+    finally:
+        server.stop()
+    assert max(worst.values()) < CALL_BOUND, worst
+
+
+# -- draining, reset, shutdown ----------------------------------------------
+
+
+def test_reset_cache_drains_every_job_and_the_chunks_stay_in_the_tier(
+    engines: Any, redis_server: Any
+) -> None:
+    engine = engines([kvpool_tier(redis_server.url, prefix="t-reset:")])
+    keys = engine.keys(61, chunks=8)
+    with engine.request() as req:
+        engine.store(keys, req)
+    tier = tier_of(engine)
+    with engine.manager.lock:
+        engine.manager.reset_cache()  # calls drain_jobs: every cascade has ended
+        assert not tier.has_pending_work()
+        engine.manager.on_reset_flushed()
+    names = [tier.space.key(k.hex()) for k in keys]
+    assert tier.store.batched_exists(names) == [True] * len(keys)  # none cut short
+    assert not any(engine.in_primary(k) for k in keys)
+    with engine.request() as req:
+        got = engine.load(keys, req)
+    assert got.hits == len(keys) and got.matched == keys
+
+
+def _hanging_server(seconds: float) -> Any:
+    """A Redis-protocol server on loopback whose first SET answers after ``seconds``."""
+    from remote.hostile_server import HostileServer
+
+    server = HostileServer()
+
+    def slow(args: list[bytes], honest: bytes) -> bytes:
+        time.sleep(seconds)
+        return honest
+
+    server.once(b"SET", slow)
+    return server
+
+
+@pytest.mark.parametrize("hang", [0.8, 2.5], ids=["ends-in-grace", "outlives-grace"])
+def test_shutdown_returns_in_two_seconds_with_jobs_in_flight(
+    engines: Any, hang: float, caplog: pytest.LogCaptureFixture
+) -> None:
+    server = _hanging_server(hang)
+    try:
+        engine = engines([kvpool_tier(server.url, timeout=hang + 1.0)])
+        keys = engine.keys(71, chunks=4)
+        with engine.request() as req:
+            engine.store(keys, req)  # the cascade's put now waits on the server
+        tier = tier_of(engine)
+        time.sleep(0.1)
+        assert tier.has_pending_work()
+        region = engine.manager.primary_tier._mmap_region  # vLLM's: unmapped at its close
+        caplog.set_level(logging.WARNING, logger=LOGGER)
+        started = time.perf_counter()
+        tier.shutdown()
+        took = time.perf_counter() - started
+        assert took < 2.0, took
+        assert tier.rows.released
+        late = [r for r in caplog.records if "still running" in r.getMessage()]
+        if hang < 1.0:
+            assert not late  # the put ended in the grace
+        else:
+            assert len(late) == 1  # said once; the put holds its rows until it ends
+            time.sleep(hang + 0.3 - took)
+        engine.close()
+        assert region.mmap_obj is None  # no view of the region was left: it was unmapped
+        assert not engine.shm_path.exists()
+    finally:
+        server.close()
+
+
+# -- metrics -----------------------------------------------------------------
+
+
+def test_metrics_reach_vllms_stats_and_definitions(engines: Any, tmp_path: Path) -> None:
+    from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
+
+    from kvpool.integrations.vllm.metrics import TIER_METRICS
+
+    entry = kvpool_tier(str(tmp_path / "kv"))
+    defined = TieringOffloadingSpec.build_metric_definitions({"secondary_tiers": [entry]})
+    assert set(TIER_METRICS) <= set(defined)
+    first, second = engines([entry]), engines([entry])
+    keys = first.keys(81, chunks=3)
+    for engine in (first, second):
+        with engine.request() as req:
+            engine.store(keys, req)
+        engine.settle()
+    with second.manager.lock:
+        stats = second.manager.get_stats()
+    flat = stats.reduce()
+    assert flat["kvpool:vllm_tier_chunks_skipped:('file',)"] == len(keys), json.dumps(
+        flat, default=str
+    )
+    assert any(k.startswith("vllm:kv_offload_tiering_write_bytes") for k in flat), flat
+    assert tier_of(second).config_info() == {"kvpool_store": "file"}
