@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -28,7 +29,14 @@ def docs_check(site: Path, page: str) -> subprocess.CompletedProcess[str]:
     # Not the variables of a make that runs this test (make test PYTHON=...).
     env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
     return subprocess.run(
-        ["make", "--no-print-directory", "docs-check", f"DOCS_CONFIG={config}"],
+        # This interpreter (it has mkdocs), not the clone's .venv the Makefile would make.
+        [
+            "make",
+            "--no-print-directory",
+            "docs-check",
+            f"DOCS_CONFIG={config}",
+            f"PYTHON={sys.executable}",
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
