@@ -32,6 +32,7 @@ MIB = 1 << 20
 SHAPE = torch.Size([2, 2, 16, 8])  # 1 KiB of float16: one page of the paged pools
 DTYPE = torch.float16
 PAGE = 1024
+ROW = 4096  # a registered row of the range calls: one page, so direct_io moves it with O_DIRECT
 
 
 def _meta_tensor() -> torch.Tensor:
@@ -230,7 +231,36 @@ def _hand_obj(c: Context) -> kvpool.TensorMemoryObj:
 def _store(c: Context) -> remote.FileStore:
     store = c.keep(remote.FileStore(_tmpdir(c)))
     store.put("k", c.obj)
+    return _with_rows(c, store)
+
+
+def _with_rows(c: Context, store: remote.FileStore) -> remote.FileStore:
+    """``store`` with ``c.rows`` registered and row ``"r"`` stored (for the range calls)."""
+    store.register_memory(c.rows)
+    store.put_ranges(["r"], [c.row], [ROW])
     return store
+
+
+def _row(c: Context) -> int:
+    """The first page-aligned address in ``c.rows`` (a row ``direct_io`` moves with O_DIRECT)."""
+    return -(-c.rows.data_ptr() // ROW) * ROW
+
+
+def _evicted(keys: list[bytes]) -> None:
+    """A bounded store's ``on_evict``: the keys are dropped."""
+
+
+def _bounded_store(c: Context) -> remote.FileStore:
+    # Room for the row and the 1 KiB object it holds, headers included: every put evicts.
+    store = c.keep(remote.FileStore(_tmpdir(c), max_bytes=6 * KIB, on_evict=_evicted))
+    store.put("k", c.obj)
+    return _with_rows(c, store)
+
+
+def _direct_store(c: Context) -> remote.FileStore:
+    store = c.keep(remote.FileStore(_tmpdir(c), direct_io=True))
+    store.put("k", c.obj)
+    return _with_rows(c, store)
 
 
 def _cpu_gpu(c: Context) -> kvpool.PagedCpuGpuMemoryAllocator:
@@ -277,6 +307,11 @@ _MEMBERS: dict[str, Callable[[Context], Any]] = {
     "host_buffer": lambda c: c.keep(kvpool.allocate_host(64 * KIB, pin="none", populate=False)),
     "registration": lambda c: _registration(c),
     "store": _store,
+    "rows": lambda c: torch.zeros(3 * ROW, dtype=torch.uint8),
+    "row": _row,
+    "more_rows": lambda c: torch.zeros(ROW, dtype=torch.uint8),
+    "bounded_store": _bounded_store,
+    "direct_store": _direct_store,
     "tmpdir": _tmpdir,
     "cpu_gpu": _cpu_gpu,
     "lazy": _lazy,
@@ -413,6 +448,10 @@ def _store_targets() -> list[Target]:
                 "io_threads": 1,
                 "reuse_files": True,
                 "cleanup_temp_age_s": 60.0,
+                "make_parents": False,
+                "max_bytes": 1 * MIB,
+                "on_evict": _evicted,
+                "direct_io": False,
             },
         ),
         Target("FileStore.put", method(s, "put"), ["k2", V("obj")]),
@@ -430,6 +469,17 @@ def _store_targets() -> list[Target]:
         Target("FileStore.batched_get", method(s, "batched_get"), [["k"], V("extent")]),
         Target("FileStore.batched_exists", method(s, "batched_exists"), [["k"]]),
         Target("FileStore.batched_delete", method(s, "batched_delete"), [["k"]]),
+        Target("FileStore.delete_prefix", method(s, "delete_prefix"), ["k"]),
+        Target(
+            "FileStore.register_memory",
+            method(s, "register_memory"),
+            [V("more_rows")],
+            {"nbytes": ROW},
+        ),
+        Target("FileStore.unregister_memory", method(s, "unregister_memory"), [V("rows")]),
+        Target("FileStore.put_ranges", method(s, "put_ranges"), [["r2"], [V("row")], [ROW]]),
+        Target("FileStore.get_ranges", method(s, "get_ranges"), [["r"], [V("row")], [ROW]]),
+        *_bounded_and_direct_targets(),
         Target("open_store()", lambda c: remote.open_store, [V("tmpdir")]),
         Target(
             "store_options()", lambda c: remote.store_options, ["redis://h:1/0"], {"asyncio": False}
@@ -446,6 +496,38 @@ def _store_targets() -> list[Target]:
             lambda c: remote.open_store,
             ["redis://host:99999999/0"],
             {"timeout": 0.5},
+        ),
+    ]
+
+
+def _bounded_and_direct_targets() -> list[Target]:
+    """A bounded store's calls (their puts evict) and a ``direct_io`` store's (O_DIRECT rows)."""
+    b, d = "bounded_store", "direct_store"
+    get_args = ["k", V("extent"), SHAPE, DTYPE, MemoryFormat.KV_2LTD]
+    return [
+        Target("FileStore(max_bytes).bound", prop(b, "bound")),
+        Target("FileStore(max_bytes).put", method(b, "put"), ["k2", V("obj")]),
+        Target(
+            "FileStore(max_bytes).batched_put",
+            method(b, "batched_put"),
+            [["k3", "k4"], [V("obj"), V("obj")]],
+        ),
+        Target("FileStore(max_bytes).get", method(b, "get"), get_args),
+        Target("FileStore(max_bytes).delete_prefix", method(b, "delete_prefix"), ["k"]),
+        Target(
+            "FileStore(max_bytes).put_ranges", method(b, "put_ranges"), [["r2"], [V("row")], [ROW]]
+        ),
+        Target(
+            "FileStore(max_bytes).get_ranges", method(b, "get_ranges"), [["r"], [V("row")], [ROW]]
+        ),
+        Target("FileStore(direct_io).put", method(d, "put"), ["k2", V("obj")]),
+        Target("FileStore(direct_io).get", method(d, "get"), get_args),
+        Target("FileStore(direct_io).batched_get", method(d, "batched_get"), [["k"], V("extent")]),
+        Target(
+            "FileStore(direct_io).put_ranges", method(d, "put_ranges"), [["r2"], [V("row")], [ROW]]
+        ),
+        Target(
+            "FileStore(direct_io).get_ranges", method(d, "get_ranges"), [["r"], [V("row")], [ROW]]
         ),
     ]
 
