@@ -49,7 +49,6 @@ def test_with_vllm_it_names_the_pairs_a_machine_cannot_start(
         monkeypatch.setitem(sys.modules, name, None)
     line = listed(capsys)
     assert f"[here without the redis rows: {SERVER}]" in line
-    assert f"[here without the cluster rows: {SERVER}]" in line
     assert "cannot run here" not in line and "file_shm" not in line and "file_disk" not in line
 
 
@@ -59,7 +58,7 @@ def test_with_vllm_it_names_the_pairs_a_machine_cannot_start(
         (["--sizes", "1000"], "a chunk size must be a multiple of 4096"),
         (["--sizes", ","], "expected SIZE[,SIZE], e.g. 2M,256K"),
         (["--sizes", "4M", "--round-bytes", "2M"], "is smaller than a chunk of --sizes"),
-        (["--only", "file_ssd"], "choose from file_shm,file_disk,redis,cluster"),
+        (["--only", "file_ssd"], "choose from file_shm,file_disk,redis"),
         (["--kvpool-option", "threads"], "expected KEY=VALUE, e.g. threads=16"),
         (["--job-chunks", "0"], "must be >= 1, got 0"),
     ],

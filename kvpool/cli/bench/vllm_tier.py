@@ -4,7 +4,7 @@
 
     python -m kvpool bench --only vllm_tier                   # in an environment with vLLM
     python -m kvpool.cli.bench.vllm_tier [--rounds 7] [--sizes 2M,256K] [--round-bytes 128M]
-        [--job-chunks 8] [--only file_shm,file_disk,redis,cluster] [--disk-dir DIR] [--json PATH]
+        [--job-chunks 8] [--only file_shm,file_disk,redis] [--disk-dir DIR] [--json PATH]
 
 Runs in an environment with vLLM 0.33 (its scheduler side imports on a CPU
 machine).  A pair whose server cannot start here is left out, its rows "n/a"
@@ -21,16 +21,18 @@ file_shm   a /dev/shm folder, its defaults             vLLM ``fs``, a sibling fo
 file_disk  a ``--disk-dir`` folder (/var/tmp),         vLLM ``fs``, a sibling folder     1.0x
            ``direct_io: true``                         (its probe picks ``O_DIRECT``)
 redis      ``redis://``, one local server              ``redis-benchmark`` at its best   0.9x
-cluster    ``redis-cluster://``, 3 local masters       ``redis-benchmark --cluster``     -
 =========  ==========================================  ================================  ======
 
 The file pairs also time bounds on the same file system: one thread writing
 each chunk to a temporary file and renaming it, then reading it back with one
-``os.readv`` (buffered, and with ``O_DIRECT`` where the file system takes it).
+``os.readv`` (buffered, and with ``O_DIRECT`` where the file system takes it),
+and print each side's CPU time per chunk (all its threads): a figure a busy
+machine disturbs less than seconds.
 
 Rounds interleave every contender of every pair (the order rotating from
-round to round); each round's store starts empty (files or keys removed after
-every round, untimed); the first round is a warm-up.  A ratio is the other
+round to round); each round's store starts empty (after every round, untimed,
+the keys are deleted, the files removed on tmpfs and moved aside on a disk, see
+:class:`~kvpool.cli.bench.vllm_tier_pairs.Pair`); the first round is a warm-up.  A ratio is the other
 contender's seconds over kvpool's (> 1: kvpool is faster), per round; the
 report gives the median of the rounds' ratios and their spread (min-max), and
 the median GB/s of each side.  The load average before and after is printed: a
@@ -84,13 +86,13 @@ DEFAULT_JOB_CHUNKS = 8
 #: The folder of ``file_disk`` unless ``--disk-dir`` says otherwise (a disk, not tmpfs).
 DEFAULT_DISK_DIR = "/var/tmp"
 #: Every pair, in the order they are reported.
-PAIRS = ("file_shm", "file_disk", "redis", "cluster")
+PAIRS = ("file_shm", "file_disk", "redis")
 _OPS = ("store", "load")
 _PAGE = 4096
 
 
 def _redis_lacks() -> str | None:
-    return needs.redis_client() or needs.redis_cluster_tools() or needs.redis_benchmark()
+    return needs.redis_client() or needs.redis_server() or needs.redis_benchmark()
 
 
 #: What each pair needs here besides vLLM: a probe giving why not, with the fix (None: it can).
@@ -98,14 +100,12 @@ PAIR_NEEDS: dict[str, Callable[[], str | None]] = {
     "file_shm": lambda: None if Path("/dev/shm").is_dir() else "this machine has no /dev/shm",
     "file_disk": lambda: None,
     "redis": _redis_lacks,
-    "cluster": _redis_lacks,
 }
 #: What each pair's kvpool tier is compared with, for the rows of a pair that did not start.
 _OTHERS = {
     "file_shm": "vLLM fs",
     "file_disk": "vLLM fs",
     "redis": "redis-benchmark",
-    "cluster": "redis-benchmark --cluster",
 }
 
 
@@ -181,8 +181,7 @@ class Harness:
         makers: dict[str, Callable[[str, vp.Rows], vp.Pair]] = {
             "file_shm": lambda n, r: vp.file_pair(n, r, "/dev/shm", job_chunks, False, options),
             "file_disk": lambda n, r: vp.file_pair(n, r, disk_dir, job_chunks, True, options),
-            "redis": lambda n, r: vp.redis_pair(n, r, job_chunks, False, options),
-            "cluster": lambda n, r: vp.redis_pair(n, r, job_chunks, True, options),
+            "redis": lambda n, r: vp.redis_pair(n, r, job_chunks, options),
         }
         try:
             for size in sizes:

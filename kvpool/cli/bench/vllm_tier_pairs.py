@@ -22,9 +22,11 @@ manager moves them:
   :class:`~kvpool.cli.bench.sglang_pairs.RedisBenchmark` measures).
 
 A :class:`Pair` is kvpool's contender, the one it is compared with, bounds,
-and how its store is emptied after every round (untimed: files removed,
-vLLM's subfolders kept as a running tier's would be; the server's keys
-deleted).  Keys are new every round, so no store ever finds a chunk it has.
+and how its store is emptied after every round (untimed: the server's keys
+deleted; the files removed on tmpfs and moved into a folder aside on a disk,
+removed at the end - see :class:`_Emptier` for why; vLLM's subfolders kept, as
+a running tier's would be).  Keys are new every round, so no store ever finds
+a chunk it has.
 """
 
 from __future__ import annotations
@@ -392,12 +394,40 @@ def kvpool_entry(url: str, **options: Any) -> dict[str, Any]:
             **options}  # fmt: skip
 
 
-def _remove_files(folder: Path, keep: Callable[[str], bool]) -> None:
-    """Remove every file under ``folder`` but those ``keep`` names; folders stay."""
-    for root, _, files in os.walk(folder):
-        for name in files:
-            if not keep(name):
-                os.unlink(os.path.join(root, name))
+class _Emptier:
+    """Takes a round's files out of the stores' folders: removed, or moved aside until the end.
+
+    On tmpfs the files are removed (their memory comes back).  On a disk they
+    are moved into ``aside`` and removed only by the pair's stop: ext4 without
+    a journal does not reuse an inode freed less than 30 seconds ago, and every
+    new file of the folder's block group then checks each such inode
+    (``recently_deleted``, seen costing a millisecond a file here), so removing
+    a round's files would slow the next rounds' creates in the folder they were
+    removed from - a cost of the benchmark's emptying, not of the store.
+
+    Args:
+        aside: a folder on the same file system (made when first needed).
+        remove: remove the files (tmpfs) instead of moving them.
+    """
+
+    def __init__(self, aside: Path, remove: bool) -> None:
+        self.aside, self.remove = aside, remove
+        self._moved = 0
+
+    def empty(self, folder: Path, keep: Callable[[str], bool]) -> None:
+        """Take every file under ``folder`` out but those ``keep`` names; folders stay."""
+        for root, _, files in os.walk(folder):
+            for name in files:
+                if keep(name):
+                    continue
+                path = os.path.join(root, name)
+                if self.remove:
+                    os.unlink(path)
+                    continue
+                if not self._moved:
+                    self.aside.mkdir(exist_ok=True)
+                self._moved += 1
+                os.rename(path, self.aside / str(self._moved))
 
 
 def file_pair(
@@ -445,12 +475,15 @@ def file_pair(
     if fs_direct:
         bounds.insert(0 if direct else 1, BareFiles(folders["bare-direct"], direct=True))
 
+    kind = fs_type(base)
+    emptier = _Emptier(base / "aside", remove=kind == "tmpfs")
+
     def empty() -> None:
         # The stores' own temporary files stay (kvpool's spares, vLLM's config.json).
-        _remove_files(folders["kvpool"], lambda n: n.startswith("."))
-        _remove_files(folders["vllm"], lambda n: not n.endswith(".bin"))
-        _remove_files(folders["bare"], lambda n: False)
-        _remove_files(folders["bare-direct"], lambda n: False)
+        emptier.empty(folders["kvpool"], lambda n: n.startswith("."))
+        emptier.empty(folders["vllm"], lambda n: not n.endswith(".bin"))
+        for bare in ("bare", "bare-direct"):
+            emptier.empty(folders[bare], lambda n: False)
 
     modes = f"kvpool {'O_DIRECT' if direct else 'buffered'}, vLLM fs " + (
         "O_DIRECT" if fs_direct else "buffered"
@@ -459,7 +492,7 @@ def file_pair(
         name,
         kv,
         fs,
-        f"{base} ({fs_type(base)}; {modes})",
+        f"{base} ({kind}; {modes})",
         bounds=bounds,
         empty=empty,
         stop=[lambda: shutil.rmtree(base, ignore_errors=True)],
@@ -467,46 +500,38 @@ def file_pair(
 
 
 def redis_pair(
-    name: str, rows: Rows, job_chunks: int, cluster: bool, options: dict[str, Any] | None = None
+    name: str, rows: Rows, job_chunks: int, options: dict[str, Any] | None = None
 ) -> Pair:
-    """kvpool's tier on ``redis://`` (or a 3-master cluster) against ``redis-benchmark``.
+    """kvpool's tier on ``redis://``, one local server, against ``redis-benchmark`` on it.
 
     ``options``: more keys of kvpool's entry (the tier's or the store's options).
 
     Raises:
-        FileNotFoundError: no redis-server, redis-cli or redis-benchmark here.
+        FileNotFoundError: no redis-server or redis-benchmark here.
     """
-    from kvpool.cli.bench.localservers import start_cluster, start_redis
+    from kvpool.cli.bench.localservers import start_redis
     from kvpool.cli.bench.sglang_pairs import RedisBenchmark, delete_keys
 
-    found = {b: shutil.which(b) for b in ("redis-server", "redis-cli", "redis-benchmark")}
+    found = {b: shutil.which(b) for b in ("redis-server", "redis-benchmark")}
     missing = [b for b, path in found.items() if path is None]
     if missing:
         raise FileNotFoundError(f"{', '.join(missing)} not found")
-    server, cli, bench = (str(found[b]) for b in ("redis-server", "redis-cli", "redis-benchmark"))
-    servers: Any
-    if cluster:
-        servers = start_cluster(server, cli)
-        ports, url = list(servers.ports), servers.url
-    else:
-        servers = start_redis(server)
-        ports, url = [servers.port], servers.url
+    server = start_redis(str(found["redis-server"]))
     try:
-        kv = Tier("kvpool", kvpool_entry(url, **(options or {})), rows, job_chunks)
+        kv = Tier("kvpool", kvpool_entry(server.url, **(options or {})), rows, job_chunks)
     except BaseException:
-        servers.stop()
+        server.stop()
         raise
 
     def empty() -> None:
-        for port in ports:
-            delete_keys(port)
+        delete_keys(server.port)
 
-    where = "3 masters" if cluster else "one server"
+    bench = RedisBenchmark(str(found["redis-benchmark"]), [server.port], False, empty)
     return Pair(
         name,
         kv,
-        RedisAnchor(RedisBenchmark(bench, ports, cluster, empty)),
-        f"redis-server {where} on 127.0.0.1:{','.join(map(str, ports))}",
+        RedisAnchor(bench),
+        f"redis-server on 127.0.0.1:{server.port}",
         empty=empty,
-        stop=[servers.stop],
+        stop=[server.stop],
     )
