@@ -253,6 +253,8 @@ def test_an_outage_is_one_warning_misses_and_failed_jobs_then_it_recovers(
     assert len(warnings) == 1, [r.getMessage() for r in warnings]
     assert "StoreConnectionError" in warnings[0].getMessage()
     assert tier.report.outages == 1
+    assert tier.tally.totals["kvpool:vllm_tier_outages"] == 1
+    assert tier.tally.totals["kvpool:vllm_tier_jobs_failed_fast"] >= 1
 
     server = start_redis(need_redis(), port=port)
     try:

@@ -150,6 +150,18 @@ class KVPoolTier(SecondaryTierManager):
         self.settings, self.options = read_tier_config(config, name)
         self.label = f"{name} ({self.settings.shown_url})"
         self.rows = PrimaryRows(primary_kv_view)
+        try:
+            self._start(offloading_spec, tier_type, name)
+        except BaseException:
+            # vLLM unmaps its region when a tier fails to start: hold no view of it.
+            self.rows.release()
+            if self.store is not None:
+                self.store.close()
+            raise
+
+    def _start(self, offloading_spec: OffloadingSpec, tier_type: str, name: str) -> None:
+        """The rest of the constructor: keys, checks, the store, the threads."""
+        self.store: Any = None
         spec_config = offloading_spec.config
         self.space = chunk_key_space(spec_config, self.rows.row_bytes)
         self._check_layout()
@@ -171,7 +183,6 @@ class KVPoolTier(SecondaryTierManager):
             self._events = deque()
         self._store_lock = threading.Lock()
         self._registered: tuple[int, int] | None = None
-        self.store: Any = None
         self.transfers = RowTransfers(self.rows)
         self._open_store(at_start=True)
         self._set_medium()
@@ -248,7 +259,7 @@ class KVPoolTier(SecondaryTierManager):
             except RemoteStoreError as exc:
                 if not at_start:
                     raise
-                self.gate.failed()
+                self._outage()
                 self.report.failed("open", started, exc)
                 return None
             self._adopt(store)
@@ -293,7 +304,7 @@ class KVPoolTier(SecondaryTierManager):
             value = fn(store)
         except Exception as exc:
             if isinstance(exc, (RemoteStoreError, OSError)) and not is_quiet(exc):
-                self.gate.failed()
+                self._outage()
             self.report.failed(op, started, exc)
             return failed
         finally:
@@ -301,6 +312,12 @@ class KVPoolTier(SecondaryTierManager):
         self.gate.ok()
         self.report.ok()
         return value
+
+    def _outage(self) -> None:
+        """A call failed for the store's sake: close the gate, count a new outage."""
+        if not self.gate.down:
+            self.tally.add("kvpool:vllm_tier_outages")
+        self.gate.failed()
 
     # -- vLLM's interface ------------------------------------------------------
 
