@@ -52,10 +52,14 @@ __all__ = [
 #: Keys of the tier's JSON entry the tier reads itself (the rest are store options).
 TIER_KEYS = frozenset({"threads", "enable_kv_events", "locality"})
 
-#: I/O threads per kind of store when ``threads`` is not given.
+#: I/O threads per kind of store when ``threads`` is not given.  One Redis server
+#: answers one call at a time: two threads keep it busy (one call in flight while
+#: the other's replies are read); four fought over the GIL and the CPUs for less
+#: (256 KiB loads next to a local server on 2 CPUs: 1.08-1.16x of redis-benchmark's
+#: best with two, 0.76-0.91x with four; 2 MiB and stores alike).
 DEFAULT_THREADS: Mapping[str, int] = {
     "file": 8,
-    "redis": 4,
+    "redis": 2,
     "redis-cluster": 4,
     "mooncake": 4,
 }
