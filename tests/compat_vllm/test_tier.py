@@ -149,6 +149,28 @@ def test_start_up_logs_one_line_with_the_store_and_the_key_tag(
 # -- chunks, bound, damage ----------------------------------------------------
 
 
+def test_a_directory_on_a_disk_gets_more_threads_than_one_in_memory() -> None:
+    # A disk wants more requests in flight; on tmpfs more threads only contend.
+    import tempfile
+
+    from kvpool.integrations.vllm.config import DEFAULT_THREADS, DISK_THREADS, read_tier_config
+    from kvpool.remote.file.aio import on_tmpfs
+
+    disk = Path(tempfile.mkdtemp(dir="/var/tmp", prefix="kvpool-tier-threads-"))
+    try:
+        if on_tmpfs(str(disk)):
+            pytest.skip("/var/tmp is on tmpfs here: no disk folder to try")
+        _, options = read_tier_config({"url": str(disk / "not-yet" / "kv")})
+        assert options.threads == DISK_THREADS
+        _, options = read_tier_config({"url": f"file://{disk}/kv", "threads": 3})
+        assert options.threads == 3
+    finally:
+        disk.rmdir()
+    if Path("/dev/shm").is_dir():
+        _, options = read_tier_config({"url": "/dev/shm/kvpool-tier-threads/kv"})
+        assert options.threads == DEFAULT_THREADS["file"] < DISK_THREADS
+
+
 def test_chunks_in_the_tier_already_are_not_written_again(engines: Any, redis_server: Any) -> None:
     entry = kvpool_tier(redis_server.url, prefix="t-skip:")
     first, second = engines([entry]), engines([entry])
