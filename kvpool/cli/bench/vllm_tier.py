@@ -4,22 +4,25 @@
 
     python -m kvpool bench --only vllm_tier                   # in an environment with vLLM
     python -m kvpool.cli.bench.vllm_tier [--rounds 7] [--sizes 2M,256K] [--round-bytes 128M]
-        [--job-chunks 8] [--only file_shm,file_disk,redis] [--disk-dir DIR] [--json PATH]
+        [--job-chunks 8] [--only file_shm,file_disk,redis] [--disk-dir DIR]
+        [--kvpool-option KEY=VALUE ...] [--json PATH]
 
-Runs in an environment with vLLM 0.33 (its scheduler side imports on a CPU
-machine).  A pair whose server cannot start here is left out, its rows "n/a"
-with the reason.  The contenders and what a round is:
-:mod:`kvpool.cli.bench.vllm_tier_pairs` (vLLM's own primary region and tier
-factory; a round stores ``--round-bytes`` of chunks in jobs of
-``--job-chunks``, all submitted at once and polled, then loads them back, every
-byte checked).  Each pair runs at every chunk size of ``--sizes``:
+Runs in an environment with vLLM 0.33 (``python -m kvpool install-vllm`` puts
+its scheduler side into this one, on a CPU machine too).  A pair whose server
+cannot start here is left out, its rows "n/a" with the reason.  The
+contenders and what a round is: :mod:`kvpool.cli.bench.vllm_tier_pairs`
+(vLLM's own primary region and tier factory; a round stores ``--round-bytes``
+of chunks in jobs of ``--job-chunks``, all submitted at once and polled, then
+loads them back, every byte checked).  Each pair runs at every chunk size of
+``--sizes``:
 
 =========  ==========================================  ================================  ======
 pair       kvpool's tier on                            compared with                     target
 =========  ==========================================  ================================  ======
 file_shm   a /dev/shm folder, its defaults             vLLM ``fs``, a sibling folder     1.0x
-file_disk  a ``--disk-dir`` folder (/var/tmp),         vLLM ``fs``, a sibling folder     1.0x
-           ``direct_io: true``                         (its probe picks ``O_DIRECT``)
+file_disk  a ``--disk-dir`` folder (/var/tmp), with    vLLM ``fs``, a sibling folder     1.0x
+           ``direct_io`` where vLLM's probe picks
+           ``O_DIRECT`` (else both buffered)
 redis      ``redis://``, one local server              ``redis-benchmark`` at its best   0.9x
 =========  ==========================================  ================================  ======
 
@@ -27,16 +30,18 @@ The file pairs also time bounds on the same file system: one thread writing
 each chunk to a temporary file and renaming it, then reading it back with one
 ``os.readv`` (buffered, and with ``O_DIRECT`` where the file system takes it),
 and print each side's CPU time per chunk (all its threads): a figure a busy
-machine disturbs less than seconds.
+machine disturbs less than seconds.  Where vLLM's C file I/O
+(``vllm.fs_io_C``) does not load - a machine without CUDA's libraries - vLLM's
+tier runs its Python I/O path, and the report says so.
 
 Rounds interleave every contender of every pair (the order rotating from
 round to round); each round's store starts empty (after every round, untimed,
-the keys are deleted, the files removed on tmpfs and moved aside on a disk, see
-:class:`~kvpool.cli.bench.vllm_tier_pairs.Pair`); the first round is a warm-up.  A ratio is the other
-contender's seconds over kvpool's (> 1: kvpool is faster), per round; the
-report gives the median of the rounds' ratios and their spread (min-max), and
-the median GB/s of each side.  The load average before and after is printed: a
-shared machine's figures mean little without it.
+the keys are deleted, the files removed on tmpfs and moved aside on a disk,
+see :class:`~kvpool.cli.bench.vllm_tier_pairs.Pair`); the first round is a
+warm-up.  A ratio is the other contender's seconds over kvpool's (> 1: kvpool
+is faster), per round; the report gives the median of the rounds' ratios and
+their spread (min-max), and the median GB/s of each side.  The load average
+before and after is printed: a shared machine's figures mean little without it.
 """
 
 from __future__ import annotations
