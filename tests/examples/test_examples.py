@@ -32,6 +32,7 @@ ELSEWHERE = {
     "_chunks.py": "a helper module the store examples import, not an example",
     "lmcache_remote_plugin.py": "needs LMCache: tests/compat/test_remote_plugin_example.py runs it",
     "sglang_hicache_backend.py": "needs SGLang: tests/compat_sglang/test_example.py runs it",
+    "vllm_tier.py": "needs vLLM: tests/compat_vllm/test_example.py runs it",
 }
 # What no successful run may print on stderr.
 FAULTS = ("Traceback", "freed while views", "reclaiming <", "LeakedHandleWarning", "Error")
