@@ -402,12 +402,16 @@ PINMEM_API int pinmem_entry_read(const char *path, void *header, size_t header_l
             close(fd);
             return pm_fail(PINMEM_ESYS, err, "fcntl of %.200s failed", path);
         }
+        /* The one byte more finds trailing bytes; under LOCK_SH the size
+         * cannot change, so a file of exactly the size asked needs no such
+         * read (which would cost a second preadv, returning 0, on every get). */
         char extra;
         struct iovec iov[3] = {{aligned != NULL ? aligned : header, header_len},
                                {data, data_len},
                                {&extra, 1}};
+        int exact = (uint64_t)st.st_size == (uint64_t)header_len + data_len;
         uint64_t done = 0;
-        int failed = pm_read_all(fd, iov, direct ? 2 : 3,
+        int failed = pm_read_all(fd, iov, (direct || exact) ? 2 : 3,
                                  direct ? PINMEM_ENTRY_ALIGN : PM_SHORT_IO, &done) != 0;
         int err = errno;
         close(fd);
