@@ -543,6 +543,7 @@ class MooncakeStore(RemoteStore, RangeCalls):
         mkey = self._mkey(kb)
         backoff = codes.Backoff(self.timeout)
         slab = self._slabs.take(FIRST_READ)
+        transfer_retries = 2  # reads again after a failed transfer of an unchanged size
         try:
             while True:
                 try:
@@ -593,7 +594,9 @@ class MooncakeStore(RemoteStore, RangeCalls):
                 # another header), or being written: read it again.
                 changed = rc == total or rc in (codes.BUFFER_TOO_SMALL, codes.NOT_READY)
                 if rc == codes.TRANSFER_FAIL:
-                    changed = self.client.get_size(mkey) != total
+                    # A same-size replace under the read fails as a lost node does.
+                    changed = self.client.get_size(mkey) != total or transfer_retries > 0
+                    transfer_retries -= 1
                 if not changed or not backoff.wait():
                     if rc == total:
                         raise StoreTimeoutError(
