@@ -18,6 +18,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from kvpool.cli.installer import KEEP_HELP, add_installer
+
 __all__ = ["add_parser", "run_install"]
 
 #: What ``kvpool install-lmcache --help`` says (plain words: argparse shows it as is).
@@ -42,16 +44,12 @@ def run_install(args: argparse.Namespace) -> int:
 
 def add_parser(subparsers: Any) -> None:
     """Register ``kvpool install-lmcache`` on an argparse subparsers object."""
-    p = subparsers.add_parser(
+    add_installer(
+        subparsers,
         "install-lmcache",
-        help="install LMCache 0.5.6 and what its code imports into this environment",
-        description=DESCRIPTION,
+        "install LMCache 0.5.6 and what its code imports into this environment",
+        DESCRIPTION,
+        run_install,
+        keep_help=KEEP_HELP + " (for an environment whose versions another program pins, e.g. "
+        "vLLM's)",
     )
-    p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
-    p.add_argument(
-        "--keep-installed",
-        action="store_true",
-        help="leave the packages of the list that are installed already, at any version, as "
-        "they are (for an environment whose versions another program pins, e.g. vLLM's)",
-    )
-    p.set_defaults(func=run_install, needs_native=False)

@@ -29,7 +29,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from kvpool.integrations.install import Recipe, StandIn, install
+from kvpool.cli.installer import add_installer, run_recipe
+from kvpool.integrations.install import Recipe, StandIn
 
 __all__ = ["MODULES", "RECIPE", "REQUIREMENTS", "add_parser", "run_install"]
 
@@ -88,29 +89,24 @@ DESCRIPTION = (
 )
 
 
+#: What ``install-sglang`` prints once the environment is ready.
+DONE = (
+    "SGLang loads kvpool's HiCache backend by configuration "
+    "(--hicache-storage-backend dynamic, docs/guide/sglang.md)"
+)
+
+
 def run_install(args: argparse.Namespace) -> int:
     """Install the pinned list (or say what would run); return the exit status."""
-    status = install(RECIPE, dry_run=args.dry_run, keep_installed=args.keep_installed)
-    if status == 0 and not args.dry_run:
-        print(
-            "install-sglang: SGLang loads kvpool's HiCache backend by configuration "
-            "(--hicache-storage-backend dynamic, docs/guide/sglang.md)"
-        )
-    return status
+    return run_recipe(RECIPE, args, DONE)
 
 
 def add_parser(subparsers: Any) -> None:
     """Register ``kvpool install-sglang`` on an argparse subparsers object."""
-    p = subparsers.add_parser(
+    add_installer(
+        subparsers,
         "install-sglang",
-        help="install SGLang 0.5.23 and what its code imports into this environment",
-        description=DESCRIPTION,
+        "install SGLang 0.5.23 and what its code imports into this environment",
+        DESCRIPTION,
+        run_install,
     )
-    p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
-    p.add_argument(
-        "--keep-installed",
-        action="store_true",
-        help="leave the packages of the list that are installed already, at any version, as "
-        "they are",
-    )
-    p.set_defaults(func=run_install, needs_native=False)

@@ -30,7 +30,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from kvpool.integrations.install import Recipe, install
+from kvpool.cli.installer import add_installer, run_recipe
+from kvpool.integrations.install import Recipe
 
 __all__ = ["MODULES", "RECIPE", "REQUIREMENTS", "add_parser", "run_install"]
 
@@ -72,29 +73,24 @@ DESCRIPTION = (
 )
 
 
+#: What ``install-vllm`` prints once the environment is ready.
+DONE = (
+    "vLLM loads kvpool's tier from a secondary_tiers entry of TieringOffloadingSpec "
+    "(docs/guide/vllm.md)"
+)
+
+
 def run_install(args: argparse.Namespace) -> int:
     """Install the pinned list (or say what would run); return the exit status."""
-    status = install(RECIPE, dry_run=args.dry_run, keep_installed=args.keep_installed)
-    if status == 0 and not args.dry_run:
-        print(
-            "install-vllm: vLLM loads kvpool's tier from a secondary_tiers entry of "
-            "TieringOffloadingSpec (docs/guide/vllm.md)"
-        )
-    return status
+    return run_recipe(RECIPE, args, DONE)
 
 
 def add_parser(subparsers: Any) -> None:
     """Register ``kvpool install-vllm`` on an argparse subparsers object."""
-    p = subparsers.add_parser(
+    add_installer(
+        subparsers,
         "install-vllm",
-        help="install vLLM 0.33.0's scheduler side and what it imports into this environment",
-        description=DESCRIPTION,
+        "install vLLM 0.33.0's scheduler side and what it imports into this environment",
+        DESCRIPTION,
+        run_install,
     )
-    p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
-    p.add_argument(
-        "--keep-installed",
-        action="store_true",
-        help="leave the packages of the list that are installed already, at any version, as "
-        "they are",
-    )
-    p.set_defaults(func=run_install, needs_native=False)
