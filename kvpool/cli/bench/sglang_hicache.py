@@ -51,6 +51,7 @@ from typing import Any
 
 from kvpool.cli.bench import needs
 from kvpool.cli.bench.core import Benchmark, Case, Lack, Metric, Settings, SkipBenchmark
+from kvpool.cli.bench.interleaved import interleaved_variants
 
 __all__ = ["DEFAULT_PAGES", "DEFAULT_ROUNDS", "PAIRS", "Harness", "kvpool_benchmark", "main"]
 
@@ -337,33 +338,16 @@ def _setup(settings: Settings) -> Case:
         "SGLang backend / redis-benchmark": lambda p: [p.other],
         "bare file I/O (bound)": lambda p: p.bounds,
     }
-    trial: dict[str, dict[str, float]] = {}
-    warm: list[bool] = []
-
-    def side(name: str) -> Any:
-        # The sides are measured together, interleaved round by round: the
-        # variant the runner calls first in a trial measures, the others
-        # return their share of the same trial.
-        def one() -> dict[str, float]:
-            if name not in trial:
-                trial.clear()
-                samples = harness.measure(rounds, warmup=not warm)
-                warm.append(True)
-                for side_name, members in sides.items():
-                    trial[side_name] = {
-                        f"{p.name}_{op}": statistics.median(times)
-                        for p in harness.pairs
-                        for c in members(p)
-                        for op in _OPS
-                        if (times := samples.get(p.name, {}).get(c.label, {}).get(f"{op}_s"))
-                    }
-            return trial.pop(name)
-
-        return one
-
+    variants = interleaved_variants(
+        lambda warmup: harness.measure(rounds, warmup=warmup),
+        lambda: [(p.name, p) for p in harness.pairs],
+        sides,
+        _OPS,
+        lambda name, op: f"{name}_{op}",
+    )
     return Case(
         metrics=metrics,
-        variants={name: side(name) for name in sides},
+        variants=variants,
         subject="kvpool backend",
         baseline="SGLang backend / redis-benchmark",
         info=harness.info,

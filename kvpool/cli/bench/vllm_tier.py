@@ -67,6 +67,7 @@ from kvpool.cli.bench.core import (
     Settings,
     SkipBenchmark,
 )
+from kvpool.cli.bench.interleaved import interleaved_variants
 
 __all__ = [
     "DEFAULT_JOB_CHUNKS",
@@ -513,33 +514,16 @@ def _setup(settings: Settings) -> Case:
         # The bound in the pair's own I/O mode (buffered on tmpfs, O_DIRECT on disk).
         "bare write+rename/readv (bound)": lambda p: p.bounds[:1],
     }
-    trial: dict[str, dict[str, float]] = {}
-    warm: list[bool] = []
-
-    def side(name: str) -> Callable[[], dict[str, float]]:
-        # The sides are measured together, interleaved round by round: the
-        # variant the runner calls first in a trial measures, the others
-        # return their share of the same trial.
-        def one() -> dict[str, float]:
-            if name not in trial:
-                trial.clear()
-                samples = harness.measure(rounds, warmup=not warm)
-                warm.append(True)
-                for side_name, members in sides.items():
-                    trial[side_name] = {
-                        _metric_key(p.name, op): statistics.median(times)
-                        for p, _ in harness.pairs
-                        for c in members(p)
-                        for op in _OPS
-                        if (times := samples.get(p.name, {}).get(c.label, {}).get(f"{op}_s"))
-                    }
-            return trial.pop(name)
-
-        return one
-
+    variants = interleaved_variants(
+        lambda warmup: harness.measure(rounds, warmup=warmup),
+        lambda: [(p.name, p) for p, _ in harness.pairs],
+        sides,
+        _OPS,
+        _metric_key,
+    )
     return Case(
         metrics=metrics,
-        variants={name: side(name) for name in sides},
+        variants=variants,
         subject="kvpool tier",
         baseline="vLLM fs tier / redis-benchmark",
         info=harness.info,
