@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from compat_servers import mooncake, redis_cluster  # noqa: F401 (fixtures)
 
 REPO = Path(__file__).resolve().parents[2]
 REQUIRE = os.environ.get("KVPOOL_REQUIRE_SGLANG", "").strip().lower() in ("1", "true", "yes")
@@ -198,27 +199,7 @@ def redis_server() -> Iterator[RedisServer]:
     server.stop()
 
 
-@pytest.fixture(scope="session")
-def redis_cluster() -> Iterator[Any]:
-    """A real three-master Redis Cluster (tests/remote's ``start_cluster``)."""
-    from remote.cluster_servers import start_cluster
-
-    cluster = start_cluster()
-    yield cluster
-    cluster.stop()
-
-
-@pytest.fixture(scope="session")
-def mooncake() -> Iterator[Any]:
-    """A real Mooncake master and storage node (tests/remote's ``start_mooncake``)."""
-    from remote.mooncake_servers import start_mooncake
-
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("MC_TCP_BIND_ADDRESS", "127.0.0.1")
-        env.setenv("MC_LOG_LEVEL", os.environ.get("MC_LOG_LEVEL", "ERROR"))
-        deployment = start_mooncake()
-        yield deployment
-        deployment.stop()
+# redis_cluster and mooncake: tests/compat_servers.py (imported at the top).
 
 
 @pytest.fixture(params=["file", "redis", "cluster", "mooncake"])
