@@ -87,6 +87,11 @@ def test_every_pair_is_measured_and_reported(tmp_path: Path) -> None:
     assert "bare write+rename/readv" in shm["bounds"]
     assert set(shm["cpu_us_per_chunk"]) >= {"kvpool", "vLLM fs"}
     assert "(tmpfs;" in result["info"]["where"]["file_shm/64K"]
+    # On a disk, the device's rate with the tier's requests in flight is a bound too.
+    deep = [b for b in result["pairs"]["file_disk/256K"]["load"]["bounds"] if "threads" in b]
+    on_disk = "(tmpfs;" not in result["info"]["where"]["file_disk/256K"]
+    assert len(deep) == (1 if on_disk else 0), result["pairs"]["file_disk/256K"]["load"]
+    assert not [b for b in shm["bounds"] if "threads" in b]
     assert not list(tmp_path.glob("kvpool-vllm-bench-*"))  # its folders are removed
     # vLLM's primary regions are removed too.
     assert set(Path("/dev/shm").glob("vllm_offload_kvpool-bench-*")) <= regions

@@ -13,10 +13,11 @@ manager moves them:
   manager submits them), every job submitted at once, then
   ``get_finished_jobs`` polled until each has ended; the same for the loads
   (promotions into the second half's rows).  Every load's bytes are checked;
-* :class:`BareFiles` - the file system's own cost, a bound: one thread, each
-  chunk written to a temporary file and renamed, read back with one
-  ``os.readv`` (buffered, or with ``O_DIRECT`` as vLLM's tier uses it), no
-  subfolders, no checks;
+* :class:`BareFiles` - the file system's own cost, a bound: each chunk
+  written to a temporary file and renamed, read back with one ``os.readv``
+  (buffered, or with ``O_DIRECT`` as vLLM's tier uses it), no subfolders, no
+  checks; by one thread, and on a disk also by as many threads as kvpool's tier
+  runs there (the device's rate with that many requests in flight);
 * :class:`RedisAnchor` - ``redis-benchmark`` SET / GET of values of one
   chunk, at its best, on the server kvpool's tier uses (vLLM has no Redis tier;
   :class:`~kvpool.cli.bench.sglang_pairs.RedisBenchmark` measures).
@@ -37,6 +38,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -290,17 +292,22 @@ class Tier(Contender):
 
 
 class BareFiles(Contender):
-    """The file system's cost for a round: one thread, write + rename, then ``os.readv``.
+    """The file system's cost for a round: write + rename, then ``os.readv``, per chunk.
 
     Args:
         folder: where the files go (created).
         direct: open the files with ``O_DIRECT`` (aligned rows), as vLLM's tier does
             where the file system takes it.
+        threads: how many threads share the chunks (1: one after another); with
+            more, the round shows what the device gives with that many requests in
+            flight, a tier's ceiling.
     """
 
-    def __init__(self, folder: Path, direct: bool) -> None:
-        self.folder, self.direct = folder, direct
+    def __init__(self, folder: Path, direct: bool, threads: int = 1) -> None:
+        self.folder, self.direct, self.threads = folder, direct, threads
         self.label = "bare write+rename/readv" + (" O_DIRECT" if direct else "")
+        if threads > 1:
+            self.label += f", {threads} threads"
         self.cpu = []
         folder.mkdir(parents=True, exist_ok=True)
 
@@ -313,24 +320,32 @@ class BareFiles(Contender):
         reads = [rows.row(int(c)) for c in rows.dst]
         rows.clear()
         create = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | flag
-        c0 = time.process_time()
-        t0 = time.perf_counter()
-        for name, temp, view in zip(names, temps, writes, strict=True):
+
+        def store(name: str, temp: str, view: memoryview) -> None:
             fd = os.open(temp, create, 0o644)
             try:
                 os.write(fd, view)
             finally:
                 os.close(fd)
             os.rename(temp, name)
-        t1 = time.perf_counter()
-        c1 = time.process_time()
-        for name, view in zip(names, reads, strict=True):
+
+        def load(name: str, view: memoryview) -> None:
             fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC | flag)
             try:
                 os.readv(fd, [view])
             finally:
                 os.close(fd)
-        t2 = time.perf_counter()
+
+        # The pool is made before the clock starts: only the I/O is timed.
+        with ThreadPoolExecutor(self.threads) as pool:
+            each = pool.map if self.threads > 1 else map
+            c0 = time.process_time()
+            t0 = time.perf_counter()
+            list(each(store, names, temps, writes))
+            t1 = time.perf_counter()
+            c1 = time.process_time()
+            list(each(load, names, reads))
+            t2 = time.perf_counter()
         self.cpu.append((c1 - c0, time.process_time() - c1))
         rows.check(self.label)
         return t1 - t0, t2 - t1
@@ -454,9 +469,10 @@ def file_pair(
     from vllm.v1.kv_offload.tiering.fs.io import probe_o_direct
 
     from kvpool.cli.bench.sglang_pairs import fs_type
+    from kvpool.integrations.vllm.config import DISK_THREADS
 
     base = Path(tempfile.mkdtemp(prefix="kvpool-vllm-bench-", dir=directory))
-    folders = {n: base / n for n in ("kvpool", "vllm", "bare", "bare-direct")}
+    folders = {n: base / n for n in ("kvpool", "vllm", "bare", "bare-direct", "bare-deep")}
     fs_direct = probe_o_direct(str(base))  # the probe vLLM's tier runs at its start
     direct = direct and fs_direct  # the same I/O mode as vLLM's: buffered where it must be
     made: list[Contender] = []
@@ -471,18 +487,22 @@ def file_pair(
         shutil.rmtree(base, ignore_errors=True)
         raise
     kv, fs = made
+    kind = fs_type(base)
     bounds: list[Contender] = [BareFiles(folders["bare"], direct=False)]
     if fs_direct:
         bounds.insert(0 if direct else 1, BareFiles(folders["bare-direct"], direct=True))
+    if kind != "tmpfs":
+        # The device's rate with as many reads and writes in flight as kvpool's tier
+        # keeps on a disk: what neither tier can pass.
+        bounds.append(BareFiles(folders["bare-deep"], direct=direct, threads=DISK_THREADS))
 
-    kind = fs_type(base)
     emptier = _Emptier(base / "aside", remove=kind == "tmpfs")
 
     def empty() -> None:
         # The stores' own temporary files stay (kvpool's spares, vLLM's config.json).
         emptier.empty(folders["kvpool"], lambda n: n.startswith("."))
         emptier.empty(folders["vllm"], lambda n: not n.endswith(".bin"))
-        for bare in ("bare", "bare-direct"):
+        for bare in ("bare", "bare-direct", "bare-deep"):
             emptier.empty(folders[bare], lambda n: False)
 
     modes = f"kvpool {'O_DIRECT' if direct else 'buffered'}, vLLM fs " + (
