@@ -18,6 +18,12 @@ BAD_SPECS: list[tuple[str, str]] = [
     ("reddis://127.0.0.1:6391/0", "did you mean redis://"),
     ("mooncak://127.0.0.1:50051", "did you mean mooncake://"),
     ("redis://127.0.0.1:6391/db0", "'db0' is not a number"),
+    ("redis://127.0.0.1:6391/\u00b2", "is not a number"),  # "²": isdigit() says it is
+    ("redis://127.0.0.1:6391/0?db=3", "name the database once"),
+    ("redis://", "names no host"),
+    ("unix://", "names no socket"),
+    ("127.0.0.1:6391,127.0.0.1:6392", "did you mean 'redis-cluster://127.0.0.1:6391,127.0."),
+    ("file:relative", "did you mean './relative'"),
 ]
 
 #: Ids for ``pytest.mark.parametrize``.

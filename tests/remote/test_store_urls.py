@@ -97,11 +97,53 @@ def test_good_specs_keep_their_kind(spec: str, kind: str) -> None:
     assert parse_spec(spec).kind == kind
 
 
-def test_a_password_never_shows_in_a_refusal() -> None:
-    for spec in ("reddis://user:hunter22@h:1/0", "admin:hunter22@h:6379", "redis://:hunter22@h/x"):
-        with pytest.raises(InvalidArgumentError) as info:
-            parse_spec(spec)
-        assert "hunter22" not in str(info.value)
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "reddis://user:hunter22@h:1/0",
+        "admin:hunter22@h:6379",
+        "redis://:hunter22@h/x",
+        # Written without "://": the user information is still found and hidden.
+        "redis//:hunter22@127.0.0.1:6391/0",
+        "rediss:/user:hunter22@h/0",
+        "redis:hunter22@h",
+        "file://user:hunter22@host/x",
+        "redis://user:hunter22@/0",
+    ],
+)
+def test_a_password_never_shows_in_a_refusal(spec: str) -> None:
+    with pytest.raises(InvalidArgumentError) as info:
+        parse_spec(spec)
+    assert "hunter22" not in str(info.value)
+
+
+def test_spaces_around_a_spec_are_dropped_by_every_entry_point(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert parse_spec(" redis://h:1/0\n") == parse_spec("redis://h:1/0")
+    with open_store(" ./kv\n") as store:
+        assert Path(store.directory) == tmp_path / "kv"
+    assert created_anything(tmp_path) == ["kv"]
+
+
+def test_a_tilde_is_the_home_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "home").mkdir()
+    with open_store("~/kv") as store:
+        assert Path(store.directory) == tmp_path / "home" / "kv"
+    assert created_anything(tmp_path) == ["home", "home/kv"]
+
+
+def test_a_directory_that_can_never_be_made_is_a_config_error(tmp_path: Path) -> None:
+    # A config error stops an engine's start-up; a RemoteStoreError would be retried as
+    # an outage for ever.  A name longer than any file system takes fails for every user.
+    with pytest.raises(InvalidArgumentError, match="give a directory this process may"):
+        open_store(str(tmp_path / ("k" * 300)))
+    (tmp_path / "f").write_bytes(b"")
+    with pytest.raises(InvalidArgumentError, match="is not a directory"):
+        open_store(str(tmp_path / "f" / "kv"), make_parents=True)
 
 
 def test_redis_store_refuses_a_database_name_given_directly() -> None:

@@ -9,11 +9,18 @@ store creates its own directory, and its parents only with
 
 from __future__ import annotations
 
+import errno
 import os
 
 from kvpool.errors import InvalidArgumentError, RemoteStoreError
 
 __all__ = ["make_store_directory"]
+
+# Errors that say the path is wrong for this process, whenever it is tried again.
+_REFUSALS = frozenset(
+    (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT, errno.ENOTDIR, errno.ELOOP,
+     errno.ENAMETOOLONG)
+)  # fmt: skip
 
 
 def make_store_directory(path: str, make_parents: bool) -> None:
@@ -26,19 +33,26 @@ def make_store_directory(path: str, make_parents: bool) -> None:
     Raises:
         InvalidArgumentError: ``path`` exists and is not a directory, or its
             parent is missing and ``make_parents`` is False.
-        RemoteStoreError: the directory cannot be created (permissions, a
-            read-only file system...).
+        InvalidArgumentError: the directory cannot be created for good: no
+            permission, a read-only file system, a parent that is not a directory.
+        RemoteStoreError: the directory cannot be created for now (no space, an
+            I/O error).
     """
     if os.path.isdir(path):
         return
     if os.path.lexists(path):
         raise InvalidArgumentError(f"{path!r} exists and is not a directory; give a directory")
     parent = os.path.dirname(os.path.abspath(path))
+    if os.path.lexists(parent) and not os.path.isdir(parent):
+        raise InvalidArgumentError(
+            f"the parent {parent!r} of the store directory {path!r} is not a directory; "
+            "check the path for a typo"
+        )
     if not make_parents and not os.path.isdir(parent):
         raise InvalidArgumentError(
             f"the parent {parent!r} of the store directory {path!r} does not exist; check the "
-            "path for a typo, create the parent, or pass make_parents=True (in a URL's "
-            "settings: make_parents: true) to create it"
+            "path for a typo, create the parent, or pass make_parents=True (in an "
+            "integration's settings: make_parents: true) to create it"
         )
     try:
         if make_parents:
@@ -51,6 +65,13 @@ def make_store_directory(path: str, make_parents: bool) -> None:
                 f"{path!r} exists and is not a directory; give a directory"
             ) from None
     except OSError as exc:
+        if exc.errno in _REFUSALS:
+            # Retrying cannot help: the path is wrong for this process, which is a
+            # configuration error that must stop start-up, not an outage to wait out.
+            raise InvalidArgumentError(
+                f"cannot create the store directory {path!r}: {exc.strerror}; give a directory "
+                "this process may create and write (or create it first, with its owner set)"
+            ) from None
         raise RemoteStoreError(
             exc.errno, f"cannot create the store directory {path!r}: {exc.strerror}"
         ) from exc

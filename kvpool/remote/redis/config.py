@@ -35,6 +35,10 @@ __all__ = [
 # Every "scheme://userinfo@", not only the first: a URL may carry another in
 # its query (mooncake://master?metadata=redis://:password@host).
 _USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)([^/?#\s]*)@")
+# A URL mistyped without "://" ("redis//:pw@h", "rediss:/u:pw@h", "redis:pw@h"): what
+# follows a scheme-like start ("redis//", "rediss:/", "redis:") up to an "@", with no "/"
+# in it (so "dir/a@b" is a path, not user information).
+_LOOSE_USERINFO = re.compile(r"\A((?:[A-Za-z][A-Za-z0-9+.-]*(?://+|:/*))?)([^/?#\s]*)@")
 _SECRET_QUERY = re.compile(
     r"([?&;](?:[^=&;#]*(?:pass|pwd|token|secret|auth|key|cred)[^=&;#]*)=)([^&;#]*)", re.IGNORECASE
 )
@@ -76,9 +80,10 @@ def check_redis_database(url: str) -> None:
     if path in ("", "/"):
         return
     db = path[1:]
-    if not db.isdigit():
+    # ASCII digits only: str.isdigit() takes "²", which the client then reads as database 0.
+    if re.fullmatch(r"[0-9]+", db) is None:
         raise InvalidArgumentError(
-            f"Redis URL {redact_url(url)!r}: the database {unquote(db)!r} is not a number; "
+            f"Redis URL {redact_url(url)!r}: the database {db!r} is not a number; "
             "write the database's number after the port, e.g. redis://host:6379/0"
         )
 
@@ -86,10 +91,18 @@ def check_redis_database(url: str) -> None:
 def redact_url(url: str) -> str:
     """``url`` with its user information and secret-looking query values replaced by ``***``.
 
-    Works on malformed URLs too (no parsing that could fail).
+    Works on malformed URLs too (no parsing that could fail), and on a URL written
+    without ``://`` (``redis//:password@host``).
     """
-    out = _USERINFO.sub(lambda m: m.group(1) + "***@", url)
+    out = _userinfo_pattern(url).sub(lambda m: m.group(1) + "***@", url)
     return _SECRET_QUERY.sub(lambda m: m.group(1) + "***", out)
+
+
+def _userinfo_pattern(text: str) -> re.Pattern[str]:
+    """The pattern finding ``text``'s user information: a URL's, or a mistyped URL's."""
+    if "://" in text or text.startswith(("/", ".", "~")):
+        return _USERINFO  # a URL, or a path (whose "@" is no user information)
+    return _LOOSE_USERINFO
 
 
 def url_secrets(url: str) -> tuple[str, ...]:
@@ -98,7 +111,7 @@ def url_secrets(url: str) -> tuple[str, ...]:
     As written and percent-decoded, for :func:`scrub` to remove from texts
     that may quote them (an error from a server or a library).
     """
-    found = [m.group(2) for m in _USERINFO.finditer(url)]
+    found = [m.group(2) for m in _userinfo_pattern(url).finditer(url)]
     found += [m.group(2) for m in _SECRET_QUERY.finditer(url)]
     parts = {piece for text in found for piece in (text, *text.split(":", 1)) if piece}
     return tuple(sorted(parts | {unquote(p) for p in parts}, key=len, reverse=True))
