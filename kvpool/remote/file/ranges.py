@@ -13,7 +13,7 @@ holds what they stand on:
 * :class:`Registered` - the memory a store may read and write by address
   (``register_memory``): a range outside it is refused before any I/O,
   and the store keeps the memory's owner alive until it is unregistered or
-  the store is closed;
+  the store is closed, and a call in flight until it returned;
 * :func:`bytes_header` - the header of a range's entry: one ``uint8``
   group of the range's size, format ``UNDEFINED`` - the entry
   ``batched_put`` writes for a row lent whole by
@@ -121,17 +121,38 @@ def read_range(fd: int, address: int, nbytes: int, where: str) -> None:
         raise CorruptEntryError(f"{where}: payload CRC mismatch")
 
 
+class Range:
+    """One registered range: ``start``, ``nbytes`` and ``owner`` (what keeps its memory alive).
+
+    ``owner`` is the tensor, or the :class:`~kvpool.pool.borrowed.BorrowedMemory`
+    over the buffer (which holds the buffer exported: its owner cannot close
+    or resize it), or None for a range given by its address.
+    """
+
+    __slots__ = ("nbytes", "owner", "start")
+
+    def __init__(self, start: int, nbytes: int, owner: object) -> None:
+        self.start = start
+        self.nbytes = nbytes
+        self.owner = owner
+
+
 class Registered:
     """The host memory a store reads and writes by address (``register_memory``).
+
+    A call that reads or writes a range holds the :class:`Range` that
+    :meth:`covers` returned until it returns, so unregistering the range
+    or closing the store meanwhile cannot free or unmap memory under it:
+    its owner stays alive and a buffer stays exported (the owner's own
+    ``close`` raises ``BufferError`` until the call returned).
 
     Thread safety: every method may be called from any thread.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        # start -> (nbytes, what keeps the memory alive); starts sorted for a
-        # bisect (ranges never overlap).
-        self._ranges: dict[int, tuple[int, object]] = {}
+        # start -> its Range; starts sorted for a bisect (ranges never overlap).
+        self._ranges: dict[int, Range] = {}
         self._starts: list[int] = []
 
     def add(self, memory: object, nbytes: object, where: str) -> tuple[int, int]:
@@ -159,14 +180,14 @@ class Registered:
         """
         address, size, keep = _range_of(memory, nbytes, where)
         with self._lock:
-            for start, (length, _) in self._ranges.items():
-                if address < start + length and start < address + size:
+            for start, taken in self._ranges.items():
+                if address < start + taken.nbytes and start < address + size:
                     raise InvalidArgumentError(
-                        f"{where}: {size} bytes at {address:#x} overlap the {length} bytes at "
-                        f"{start:#x} registered already; unregister that range first, or "
-                        "register the memory once"
+                        f"{where}: {size} bytes at {address:#x} overlap the {taken.nbytes} "
+                        f"bytes at {start:#x} registered already; unregister that range first, "
+                        "or register the memory once"
                     )
-            self._ranges[address] = (size, keep)
+            self._ranges[address] = Range(address, size, keep)
             bisect.insort(self._starts, address)
         return address, size
 
@@ -187,19 +208,22 @@ class Registered:
             del self._ranges[address]
             self._starts.remove(address)
 
-    def covers(self, address: int, nbytes: int) -> bool:
-        """True when ``[address, address + nbytes)`` lies in one registered range."""
+    def covers(self, address: int, nbytes: int) -> Range | None:
+        """The registered range that ``[address, address + nbytes)`` lies in, or None.
+
+        Hold it while the bytes are read or written (see the class docstring).
+        """
         with self._lock:
             i = bisect.bisect_right(self._starts, address) - 1
             if i < 0:
-                return False
-            start = self._starts[i]
-            return address + nbytes <= start + self._ranges[start][0]
+                return None
+            found = self._ranges[self._starts[i]]
+            return found if address + nbytes <= found.start + found.nbytes else None
 
     def ranges(self) -> list[tuple[int, int]]:
         """``(address, nbytes)`` of every registered range, by address."""
         with self._lock:
-            return [(a, self._ranges[a][0]) for a in self._starts]
+            return [(a, self._ranges[a].nbytes) for a in self._starts]
 
     def clear(self) -> None:
         """Drop every range (and the references that kept their memory alive)."""
@@ -302,7 +326,10 @@ class RangeCalls:
     def unregister_memory(self, memory: Any) -> None:
         """Forget a range :meth:`register_memory` registered (by its memory or address).
 
-        Call it only once no call in flight uses the range.
+        A call in flight over the range still holds its owner until it
+        returns (a buffer stays exported: its ``close`` raises
+        ``BufferError`` meanwhile); a range registered by its address must
+        stay mapped until no call in flight uses it.
 
         Raises:
             InvalidArgumentError: no such range; ArgumentTypeError: a bad ``memory``.
@@ -310,9 +337,18 @@ class RangeCalls:
         self._registered.remove(memory, f"unregister_memory on {self!r}")
 
     def _checked_ranges(
-        self, action: str, keys: Sequence[Any], addresses: Sequence[int], sizes: Sequence[int]
+        self,
+        action: str,
+        keys: Sequence[Any],
+        addresses: Sequence[int],
+        sizes: Sequence[int],
+        held: list[Range],
     ) -> tuple[list[bytes], list[int], list[int]]:
-        """The keys as bytes and the ranges as ints, checked (see :meth:`put_ranges`)."""
+        """The keys as bytes and the ranges as ints, checked (see :meth:`put_ranges`).
+
+        The registered ranges they lie in are added to ``held``, which the
+        caller keeps until it returns (see :class:`Registered`).
+        """
         kbs = key_list(keys)
         addrs = [check_int("an address", a, low=1) for a in check_list("addresses", addresses)]
         lens = [check_int("a size", n, low=1) for n in check_list("sizes", sizes)]
@@ -324,12 +360,14 @@ class RangeCalls:
         self._check_open()
         covers = self._registered.covers
         for kb, address, nbytes in zip(kbs, addrs, lens, strict=True):
-            if not covers(address, nbytes):
+            inside = covers(address, nbytes)
+            if inside is None:
                 raise InvalidArgumentError(
                     f"{self._where(action, kb)}: the range of {nbytes} bytes at {address:#x} is "
                     "not inside memory registered with this store; register the buffer first "
                     "(register_memory)"
                 )
+            held.append(inside)
         return kbs, addrs, lens
 
     @counted("put_ranges")
@@ -358,7 +396,8 @@ class RangeCalls:
             PoolClosedError: the store was closed.
             RemoteStoreError: the file system refused (full, read-only...).
         """
-        kbs, addrs, lens = self._checked_ranges("put_ranges", keys, addresses, sizes)
+        held: list[Range] = []  # until this returns: no unregister or close frees the memory
+        kbs, addrs, lens = self._checked_ranges("put_ranges", keys, addresses, sizes, held)
         if not kbs:
             return
         with self._guard(kbs):
@@ -418,7 +457,8 @@ class RangeCalls:
             PoolClosedError: the store was closed.
             RemoteStoreError: the file system refused.
         """
-        kbs, addrs, lens = self._checked_ranges("get_ranges", keys, addresses, sizes)
+        held: list[Range] = []  # until this returns: no unregister or close frees the memory
+        kbs, addrs, lens = self._checked_ranges("get_ranges", keys, addresses, sizes, held)
         bounds = self._bounds(kbs, sum(lens))
         if len(bounds) < 2:
             found = self._read_ranges(kbs, addrs, lens)
