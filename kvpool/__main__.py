@@ -5,7 +5,8 @@ kvpool clone it runs the clone's ``kvpool/`` folder, not the kvpool
 installed in the environment.  Where that folder is not built (no native
 layer) and an installed kvpool is there to be hidden, a command that needs
 the native layer stops with what happened and what to do (exit status 2);
-the installers (``install-lmcache``, ``install-sglang``) need none and run.
+the installers (``install-lmcache``, ``install-sglang``,
+``install-vllm``) need none and run.
 """
 
 from __future__ import annotations

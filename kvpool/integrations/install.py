@@ -279,6 +279,12 @@ def install(
         check = check_command(python, label, recipe.modules)
         if dry_run:
             say(" ".join(pip))
+            # The files it names are temporary: say what they hold, so it can be rerun.
+            say(f"  ({constraints.name} is a temporary file holding: torch=={torch})")
+            if kept:
+                say(f"  ({listed.name} is a temporary file listing: {' '.join(names)})")
+            if recipe.stand_in is not None:
+                say(f"then, where {recipe.stand_in.module} is missing, a stand-in for it is placed")
             say(f"{python} -c <import {len(recipe.modules)} modules: {', '.join(recipe.modules)}>")
             return 0
         if run(pip, folder) != 0:

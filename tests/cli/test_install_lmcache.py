@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 import kvpool.integrations.lmcache as kv_lmcache
-from kvpool.integrations.lmcache.requirements import REQUIREMENTS, requirements
+from kvpool.integrations.install import requirements
+from kvpool.integrations.lmcache.requirements import REQUIREMENTS
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = "python -m kvpool install-lmcache"
@@ -38,7 +39,7 @@ def kvpool_cli(*args: str, python: str = sys.executable) -> subprocess.Completed
 
 def test_the_list_is_shipped_pinned_and_complete() -> None:
     assert REQUIREMENTS.parent == Path(kv_lmcache.__file__).parent  # package data
-    lines = requirements()
+    lines = requirements(REQUIREMENTS)
     assert lines[0] == "lmcache==0.5.6"
     assert all(re.fullmatch(r"[A-Za-z0-9_.-]+==[0-9][\w.]*", line) for line in lines), lines
     names = {line.split("==")[0].lower().replace("_", "-") for line in lines}

@@ -27,10 +27,7 @@ __all__ = [
     "MODULES",
     "RECIPE",
     "REQUIREMENTS",
-    "check_command",
     "install",
-    "pip_command",
-    "requirements",
 ]
 
 #: The pinned list (shipped in the package, next to this module).
@@ -69,31 +66,6 @@ RECIPE = Recipe(
     requirements=REQUIREMENTS,
     modules=MODULES,
 )
-
-
-def requirements(path: Path = REQUIREMENTS) -> list[str]:
-    """The requirement lines of ``path`` (``name==version``), comments left out."""
-    return _shared.requirements(path)
-
-
-def pip_command(python: str, constraints: Path, requirements: Path = REQUIREMENTS) -> list[str]:
-    """The pip command that installs ``requirements`` into ``python``'s environment.
-
-    Args:
-        python: the interpreter whose environment receives the packages.
-        constraints: a pip constraints file (:func:`install` writes one
-            that pins the installed torch).
-        requirements: the pinned list.
-
-    Returns:
-        ``python -m pip install --no-deps -c constraints -r requirements``.
-    """
-    return _shared.pip_command(python, constraints, requirements)
-
-
-def check_command(python: str) -> list[str]:
-    """The command that imports every module of :data:`MODULES` in ``python``."""
-    return _shared.check_command(python, "LMCache", MODULES)
 
 
 def _hook_installed() -> bool:
