@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import gc
 import mmap
+import os
 import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from kvpool.errors import CorruptEntryError, FeatureUnavailableError
 from kvpool.native import entry as entry_calls
 from kvpool.pool.borrowed import BorrowedMemory
 from kvpool.remote import FileStore
+from kvpool.remote.file import direct
 
 ROW = 64 << 10
 
@@ -77,3 +80,40 @@ def test_a_get_in_flight_keeps_its_buffer_mapped(
     gc.collect()
     dst.close()  # the call returned: the buffer is the caller's again
     store.close()
+
+
+@pytest.mark.parametrize("checksum", [False, True])
+@pytest.mark.parametrize("direct_io", [False, True])
+def test_a_good_entry_is_read_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, checksum: bool, direct_io: bool
+) -> None:
+    path = tmp_path / "s"
+    path.mkdir()
+    if direct_io:
+        try:
+            direct.probe(str(path))
+        except FeatureUnavailableError as exc:
+            pytest.skip(f"the file system of {tmp_path} has no O_DIRECT: {exc}")
+    careful: list[bytes] = []
+    real = FileStore._read_range_careful
+
+    def counted_careful(store: FileStore, kb: bytes, address: int, nbytes: int) -> bool:
+        careful.append(kb)
+        return real(store, kb, address, nbytes)
+
+    monkeypatch.setattr(FileStore, "_read_range_careful", counted_careful)
+    src, dst = mmap.mmap(-1, ROW), mmap.mmap(-1, ROW)
+    src[:] = b"\x05" * ROW
+    with FileStore(str(path), checksum=checksum, direct_io=direct_io) as store:
+        store.register_memory(src)
+        store.register_memory(dst)
+        store.put_ranges(["k"], [_address(src)], [ROW])
+        assert store.get_ranges(["k"], [_address(dst)], [ROW]) == [True]
+        assert dst[:] == src[:] and careful == []
+        if checksum:  # a damaged payload still fails the fast check, and the careful read names it
+            with open(store.path("k"), "r+b") as f:
+                f.seek(-1, os.SEEK_END)
+                f.write(b"\x06")
+            with pytest.raises(CorruptEntryError, match="CRC"):
+                store.get_ranges(["k"], [_address(dst)], [ROW])
+            assert careful == [b"k"]
