@@ -296,7 +296,27 @@ def test_an_outage_is_one_warning_misses_and_failed_jobs_then_it_recovers(
     assert max(worst.values()) < CALL_BOUND, worst
 
 
-# -- draining, reset, shutdown ----------------------------------------------
+def test_chunks_known_to_be_stored_are_misses_during_an_outage(engines: Any) -> None:
+    """A known chunk is not a HIT while the store is down: vLLM would promote it again and again."""
+    from remote.redis_servers import need_redis, start_redis
+
+    port = _free_port()
+    server = start_redis(need_redis(), port=port)
+    try:
+        engine = engines([kvpool_tier(f"redis://127.0.0.1:{port}/0")])
+        keys = engine.keys(53, chunks=4)
+        with engine.request() as req:
+            engine.store(keys, req)
+        engine.settle()
+        engine.evict(keys)
+        tier = tier_of(engine)
+        assert all(tier.known.touch(k) for k in keys)
+    finally:
+        server.stop()
+    with engine.request() as req:
+        got = engine.load(keys, req, timeout=30)  # before the fix: a livelock, promoted forever
+    assert got.hits == 0 and got.steps <= 5, got
+    assert not any(tier.known.touch(k) for k in keys)  # the failed load forgot them
 
 
 def test_reset_cache_drains_every_job_and_the_chunks_stay_in_the_tier(

@@ -322,15 +322,17 @@ class KVPoolTier(SecondaryTierManager):
     # -- vLLM's interface ------------------------------------------------------
 
     def lookup(self, key: Any, req_context: Any) -> LookupResult:
-        """HIT for a chunk known to be stored, MISS during an outage, else RETRY until checked.
+        """MISS during an outage, HIT for a chunk known to be stored, else RETRY until checked.
 
         Light and non-blocking: a dictionary lookup, or a key added to the
         step's batch of existence checks.
         """
-        if self.known.touch(key):
-            return LookupResult.HIT
+        # The gate first: during an outage a known chunk cannot be loaded either, and a
+        # HIT would have vLLM promote it, fail, and look it up again, step after step.
         if self.gate.down:
             return LookupResult.MISS
+        if self.known.touch(key):
+            return LookupResult.HIT
         verdict = self._lookups.lookup(key, req_context)
         if verdict is None:
             return LookupResult.RETRY
@@ -416,7 +418,6 @@ class KVPoolTier(SecondaryTierManager):
         loaded = [k for k, hit in zip(keys, outcome.found, strict=True) if hit]
         failed = [k for k, hit in zip(keys, outcome.found, strict=True) if not hit]
         self.known.add(loaded)
-        self.known.discard(failed)
         self.counters.observe(
             "batched_get",
             _perf() - started,
@@ -435,7 +436,9 @@ class KVPoolTier(SecondaryTierManager):
         results = []
         for done in self._jobs.finished():
             if done.failed_loads:
-                # A chunk that failed to load is a miss from now on, not a retried promotion.
+                # A chunk that failed to load, whatever the error, is a miss from now on,
+                # not a retried promotion: neither known nor a cached verdict keeps it.
+                self.known.discard(done.failed_loads)
                 self._lookups.mark_miss(done.failed_loads)
             if self._events is not None:
                 if done.stored:
