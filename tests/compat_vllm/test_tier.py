@@ -216,6 +216,33 @@ def test_a_bounded_directory_evicts_the_oldest_chunks_and_reports_them(
     assert tier.store.batched_exists(gone) == [False] * len(removed)
 
 
+def test_events_replayed_in_order_give_what_a_bounded_directory_holds(
+    engines: Any, tmp_path: Path
+) -> None:
+    """One job puts more than the bound: the chunks its own put evicted are not 'stored' after."""
+    probe = engines([kvpool_tier(str(tmp_path / "probe"))])
+    row = probe.row_bytes
+    probe.close()
+    engine = engines(
+        [kvpool_tier(str(tmp_path / "kv"), max_bytes=6 * (row + 4096))], kv_events=True
+    )
+    keys = engine.keys(33, chunks=8)
+    with engine.request() as req:
+        engine.store(keys, req)
+    engine.settle()
+    tier = tier_of(engine)
+    with engine.manager.lock:
+        events = [e for e in engine.manager.take_events() if e.ownership == tier.tier_type]
+    replayed: set[Any] = set()
+    for event in events:
+        (replayed.difference_update if event.removed else replayed.update)(event.keys)
+    there = tier.store.batched_exists([tier.space.key(k.hex()) for k in keys])
+    held = {k for k, yes in zip(keys, there, strict=True) if yes}
+    assert len(held) <= 6 and any(e.removed for e in events)
+    assert replayed == held
+    assert {k for k in keys if tier.known.touch(k)} == held
+
+
 def test_a_damaged_entry_is_a_miss_that_is_removed_never_bytes(
     engines: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -16,6 +16,10 @@ lock, and the calls must never wait.  So:
   tier's lookup thread (vLLM's own asynchronous lookup contract,
   :class:`~kvpool.integrations.vllm.lookup.StoreLookups`), answering ``RETRY``
   until it returns;
+* what the tier knows its store holds, and the KV events of its stores and
+  evictions, change in one order
+  (:class:`~kvpool.integrations.vllm.ledger.ChunkLedger`): a chunk a bounded
+  directory evicted while a job ran is not that job's "stored";
 * an outage is one warning (:class:`~kvpool.integrations.shared.report.Reporter`);
   during it lookups end in ``MISS`` and jobs end with ``success=False`` at once,
   with one probe of the store a second
@@ -59,6 +63,7 @@ from kvpool.integrations.vllm.config import TierConfigError, read_tier_config
 from kvpool.integrations.vllm.jobs import JobRunner
 from kvpool.integrations.vllm.keys import chunk_key_space, offload_key_of
 from kvpool.integrations.vllm.known import KnownChunks
+from kvpool.integrations.vllm.ledger import ChunkLedger
 from kvpool.integrations.vllm.lookup import StoreLookups
 from kvpool.integrations.vllm.metrics import TierTally, definitions
 from kvpool.integrations.vllm.rows import PrimaryRows
@@ -96,10 +101,7 @@ class _Done:
     """A job's end, handed from an I/O thread to the scheduler's ``get_finished_jobs``."""
 
     result: JobResult
-    keys: list[bytes] = field(default_factory=list)
-    stored: bool = False  # a store job that succeeded: its keys were stored
     failed_loads: list[bytes] = field(default_factory=list)
-    removed: list[bytes] = field(default_factory=list)  # unusable entries removed
 
 
 class KVPoolTier(SecondaryTierManager):
@@ -181,6 +183,7 @@ class KVPoolTier(SecondaryTierManager):
         self._events: deque[OffloadingEvent] | None = None
         if self.options.enable_kv_events and spec_config.enable_kv_cache_events:
             self._events = deque()
+        self.ledger = ChunkLedger(self.known, self._events, self._event)
         self._store_lock = threading.Lock()
         self._registered: tuple[int, int] | None = None
         self.transfers = RowTransfers(self.rows)
@@ -355,7 +358,7 @@ class KVPoolTier(SecondaryTierManager):
         chunk_ids = [int(c) for c in job.chunk_ids]
         self._jobs.submit(
             lambda: self._store_job(job.job_id, keys, chunk_ids),
-            lambda: _Done(JobResult(job.job_id, False), keys),
+            lambda: _Done(JobResult(job.job_id, False)),
             load=False,
         )
 
@@ -366,58 +369,62 @@ class KVPoolTier(SecondaryTierManager):
         chunk_ids = [int(c) for c in job.chunk_ids]
         self._jobs.submit(
             lambda: self._load_job(job.job_id, keys, chunk_ids),
-            lambda: _Done(JobResult(job.job_id, False), keys, failed_loads=keys),
+            lambda: _Done(JobResult(job.job_id, False), failed_loads=keys),
             load=True,
         )
 
     def _store_job(self, job_id: int, keys: list[bytes], chunk_ids: list[int]) -> _Done:
         started = _perf()
         fresh = [i for i, key in enumerate(keys) if not self.known.touch(key)]
-        if not fresh:
-            self.tally.add("kvpool:vllm_tier_chunks_skipped", len(keys))
-            return _Done(JobResult(job_id, True, None, _perf() - started, 0), keys, stored=True)
-        addresses = self.rows.addresses([chunk_ids[i] for i in fresh])
-        names = [self.space.key(keys[i].hex()) for i in fresh]
-        moved = self._run_call(
-            "store", lambda store: self.transfers.store(store, names, addresses), None
-        )
-        if moved is None:
-            if self.gate.down:
-                self.tally.add("kvpool:vllm_tier_jobs_failed_fast")
-            return _Done(JobResult(job_id, False), keys)
-        self.tally.add("kvpool:vllm_tier_chunks_skipped", len(keys) - moved // self.rows.row_bytes)
-        self.known.add(keys)
-        self.counters.observe("batched_put", _perf() - started, entries=len(keys), nbytes=moved)
-        return _Done(JobResult(job_id, True, None, _perf() - started, moved), keys, stored=True)
+        with self.ledger.watch() as evicted:  # a bounded directory may evict during the put
+            moved = 0
+            if fresh:
+                addresses = self.rows.addresses([chunk_ids[i] for i in fresh])
+                names = [self.space.key(keys[i].hex()) for i in fresh]
+                moved = self._run_call(
+                    "store", lambda store: self.transfers.store(store, names, addresses), None
+                )
+                if moved is None:
+                    if self.gate.down:
+                        self.tally.add("kvpool:vllm_tier_jobs_failed_fast")
+                    return _Done(JobResult(job_id, False))
+                self.counters.observe(
+                    "batched_put", _perf() - started, entries=len(keys), nbytes=moved
+                )
+            self.tally.add(
+                "kvpool:vllm_tier_chunks_skipped", len(keys) - moved // self.rows.row_bytes
+            )
+            self.ledger.learn(keys, evicted, stored=True)
+        return _Done(JobResult(job_id, True, None, _perf() - started, moved))
 
     def _load_job(self, job_id: int, keys: list[bytes], chunk_ids: list[int]) -> _Done:
         started = _perf()
         addresses = self.rows.addresses(chunk_ids)
         names = [self.space.key(k.hex()) for k in keys]
-        removed: list[bytes] = []
 
         def remove(name: str) -> None:
             key = offload_key_of(name, self.space)
-            if key is not None:
-                removed.append(key)
             try:
                 self.store.delete(name)
             except KVPoolError as exc:  # it stays a miss; the next load finds it again
                 self.logger.debug("%s: could not remove %r: %s", self.label, name, exc)
+            if key is not None:
+                self.ledger.removed([key])
 
-        outcome = self._run_call(
-            "load", lambda store: self.transfers.load(store, names, addresses, remove), None
-        )
-        if outcome is None:
-            if self.gate.down:
-                self.tally.add("kvpool:vllm_tier_jobs_failed_fast")
-            return _Done(JobResult(job_id, False), keys, failed_loads=keys)
+        with self.ledger.watch() as evicted:
+            outcome = self._run_call(
+                "load", lambda store: self.transfers.load(store, names, addresses, remove), None
+            )
+            if outcome is None:
+                if self.gate.down:
+                    self.tally.add("kvpool:vllm_tier_jobs_failed_fast")
+                return _Done(JobResult(job_id, False), failed_loads=keys)
+            loaded = [k for k, hit in zip(keys, outcome.found, strict=True) if hit]
+            self.ledger.learn(loaded, evicted, stored=False)
         for i, exc in outcome.unusable:
             self.report.bad_entry(names[i], exc)
         self.tally.add("kvpool:vllm_tier_unusable_entries", len(outcome.unusable))
-        loaded = [k for k, hit in zip(keys, outcome.found, strict=True) if hit]
         failed = [k for k, hit in zip(keys, outcome.found, strict=True) if not hit]
-        self.known.add(loaded)
         self.counters.observe(
             "batched_get",
             _perf() - started,
@@ -427,9 +434,9 @@ class KVPoolTier(SecondaryTierManager):
         )
         seconds = _perf() - started
         if not failed:
-            return _Done(JobResult(job_id, True, None, seconds, outcome.nbytes), keys)
+            return _Done(JobResult(job_id, True, None, seconds, outcome.nbytes))
         result = JobResult(job_id, False, tuple(loaded) or None, seconds, outcome.nbytes)
-        return _Done(result, keys, failed_loads=failed, removed=removed)
+        return _Done(result, failed_loads=failed)
 
     def get_finished_jobs(self) -> Iterable[JobResult]:
         """The jobs that ended since the last call (light: no store call)."""
@@ -440,11 +447,6 @@ class KVPoolTier(SecondaryTierManager):
                 # not a retried promotion: neither known nor a cached verdict keeps it.
                 self.known.discard(done.failed_loads)
                 self._lookups.mark_miss(done.failed_loads)
-            if self._events is not None:
-                if done.stored:
-                    self._events.append(self._event(done.keys, removed=False))
-                if done.removed:
-                    self._events.append(self._event(done.removed, removed=True))
             results.append(done.result)
         return results
 
@@ -464,12 +466,8 @@ class KVPoolTier(SecondaryTierManager):
             for k in (offload_key_of(n.decode("utf-8", "replace"), self.space) for n in names)
             if k is not None
         ]
-        if not keys:
-            return
-        self.known.discard(keys)
+        self.ledger.removed(keys)
         self.tally.add("kvpool:vllm_tier_chunks_evicted", len(keys))
-        if self._events is not None:
-            self._events.append(self._event(keys, removed=True))
 
     def has_pending_work(self) -> bool:
         """True while a job is queued, running or waiting to be reported."""
