@@ -430,6 +430,13 @@ PINMEM_API int pinmem_entry_read(const char *path, void *header, size_t header_l
     return PINMEM_OK; /* replaced at every try: refused, the caller reports it */
 }
 
+/* 1 when st is the regular file expected describes (inode, mtime, size). */
+static int is_expected(const struct stat *st, const pinmem_entry_stamp *expected)
+{
+    return S_ISREG(st->st_mode) && (uint64_t)st->st_ino == expected->inode &&
+           pm_mtime_ns(st) == expected->mtime_ns && (uint64_t)st->st_size == expected->size;
+}
+
 PINMEM_API int pinmem_entry_evict(const char *path, const char *temp,
                                   const pinmem_entry_stamp *expected, unsigned int flags,
                                   int *outcome)
@@ -441,18 +448,26 @@ PINMEM_API int pinmem_entry_evict(const char *path, const char *temp,
         return pm_fail(PINMEM_EINVAL, 0, "pinmem_entry_evict: unknown flags 0x%x (known: 0x%x)",
                        flags & ~PINMEM_ENTRY_KEEP, PINMEM_ENTRY_KEEP);
     *outcome = PINMEM_ENTRY_GONE;
+    /* A file already not the one expected stays under its name untouched:
+     * renaming it aside and back would leave the name empty meanwhile, so
+     * another process's get would miss and its delete be lost. */
+    struct stat st;
+    if (fstatat(AT_FDCWD, path, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+        if (errno == ENOENT)
+            return PINMEM_OK;
+    } else if (!is_expected(&st, expected)) {
+        *outcome = PINMEM_ENTRY_CHANGED;
+        return PINMEM_OK;
+    }
     /* The file leaves the entry's name first, atomically: what is then
      * checked at temp is what the name held, and no put can slip in
-     * between the check and the removal. */
+     * between the check and the removal (one may have since the stat). */
     if (rename(path, temp) != 0) {
         if (errno == ENOENT)
             return PINMEM_OK;
         return pm_fail(PINMEM_ESYS, errno, "rename of %.200s (to evict it) failed", path);
     }
-    struct stat st;
-    if (fstatat(AT_FDCWD, temp, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode) &&
-        (uint64_t)st.st_ino == expected->inode && pm_mtime_ns(&st) == expected->mtime_ns &&
-        (uint64_t)st.st_size == expected->size) {
+    if (fstatat(AT_FDCWD, temp, &st, AT_SYMLINK_NOFOLLOW) == 0 && is_expected(&st, expected)) {
         *outcome = PINMEM_ENTRY_EVICTED;
         if (!(flags & PINMEM_ENTRY_KEEP) && unlink(temp) != 0)
             return pm_fail(PINMEM_ESYS, errno, "unlink of %.200s (evicted) failed", temp);

@@ -178,6 +178,20 @@ static void test_entry_evict(const char *dir)
     CHECK(pinmem_entry_evict(entry, victim, &wrong, 0, &outcome) == PINMEM_OK &&
               outcome == PINMEM_ENTRY_CHANGED && file_size(entry) == 7,
           "another mtime kept: outcome %d", outcome);
+    /* A file already not the one expected never leaves its name: a busy
+     * directory planted at temp would refuse the rename aside. */
+    CHECK(mkdir(victim, 0700) == 0, "mkdir: %s", strerror(errno));
+    char inside[300];
+    snprintf(inside, sizeof inside, "%s/x", victim);
+    CHECK(mkdir(inside, 0700) == 0, "mkdir: %s", strerror(errno));
+    struct stat before, after;
+    stat(entry, &before);
+    CHECK(pinmem_entry_evict(entry, victim, &first, 0, &outcome) == PINMEM_OK &&
+              outcome == PINMEM_ENTRY_CHANGED && stat(entry, &after) == 0 &&
+              after.st_ino == before.st_ino,
+          "a changed entry is left without a rename: outcome %d", outcome);
+    rmdir(inside);
+    rmdir(victim);
     /* A directory planted at the name is put back, not removed. */
     unlink(entry);
     CHECK(mkdir(entry, 0700) == 0, "mkdir: %s", strerror(errno));
