@@ -413,6 +413,49 @@ def test_shutdown_returns_in_two_seconds_with_jobs_in_flight(
         server.close()
 
 
+def test_a_directory_put_that_outlives_shutdown_still_has_vllms_region(
+    engines: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A directory moves rows by address (no lent objects): its registration holds the region."""
+    import threading
+
+    engine = engines([kvpool_tier(str(tmp_path / "kv"))])
+    tier = tier_of(engine)
+    assert tier.transfers.ranges
+    started, release, ended = threading.Event(), threading.Event(), threading.Event()
+    real = tier.store.put_ranges
+
+    def slow(*args: Any, **kw: Any) -> Any:  # a slow disk: the put outlives the grace
+        started.set()
+        release.wait()
+        try:
+            return real(*args, **kw)
+        finally:
+            ended.set()
+
+    tier.store.put_ranges = slow
+    keys = engine.keys(72, chunks=4)
+    with engine.request() as req:
+        engine.store(keys, req)
+    assert started.wait(30)
+    region = engine.manager.primary_tier._mmap_region
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    tier.shutdown()
+    engine.close()
+    assert region.mmap_obj is not None  # the store's registration kept it mapped
+    release.set()
+    assert ended.wait(30)
+    directory = Path(tmp_path / "kv")
+    for _ in range(300):  # the late call closes the store in a thread of its own
+        if tier.store is None:
+            break
+        time.sleep(0.01)
+    assert tier.store is None
+    failed = [r.getMessage() for r in caplog.records if "store failed" in r.getMessage()]
+    assert not failed  # before: EFAULT (Bad address) writing from the unmapped region
+    assert len([p for p in directory.iterdir() if not p.name.startswith(".")]) == len(keys)
+
+
 # -- metrics -----------------------------------------------------------------
 
 

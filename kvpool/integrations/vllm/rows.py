@@ -9,14 +9,19 @@ no staging copy.
 The wrapper holds a buffer export of the region, and every object lent from
 it holds the wrapper's memory: while any exists, vLLM cannot unmap the region
 (it keeps it mapped, warning "buffers are still exported"), so no store call
-can ever touch unmapped memory.  :meth:`PrimaryRows.release` drops the
-tier's export at shutdown; objects still lent to a call in flight drop theirs
-when the call ends.
+can ever touch unmapped memory.  A store that moves rows by address
+(``put_ranges``) lends no objects: it registers :meth:`PrimaryRows.region`,
+which holds the export the same way until the store unregisters it.
+:meth:`PrimaryRows.release` drops the tier's export at shutdown; objects
+still lent to a call in flight, and a registration, drop theirs when the
+last call ends.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+import torch
 
 from kvpool.errors import InvalidArgumentError, PoolClosedError
 from kvpool.pool.borrowed import BorrowedMemory
@@ -87,6 +92,17 @@ class PrimaryRows:
                 )
             out.append(base + c * size)
         return out
+
+    def region(self) -> torch.Tensor:
+        """Every row as one flat ``uint8`` tensor, for a store to register.
+
+        The tensor holds the region's buffer export: while a store holds it,
+        vLLM cannot unmap the region.
+
+        Raises:
+            PoolClosedError: after :meth:`release`.
+        """
+        return torch.frombuffer(self.lender.memory, dtype=torch.uint8)
 
     def lend(self, address: int) -> TensorMemoryObj:
         """A memory object over the row at ``address`` (one ``uint8`` group of ``row_bytes``).

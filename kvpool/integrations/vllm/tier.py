@@ -277,9 +277,11 @@ class KVPoolTier(SecondaryTierManager):
         ranges = False
         register = getattr(store, "register_memory", None)
         if takes and register is not None and hasattr(store, "put_ranges"):
-            lender = self.rows.lender
             try:
-                self._registered = register(lender.address, lender.nbytes)
+                # The region's tensor, not its address: the store holds it (and so the
+                # export that keeps vLLM from unmapping the region) until _close_store
+                # unregisters it, after the last call - ranges lend no objects that would.
+                self._registered = register(self.rows.region())
                 ranges = True
             except KVPoolError as exc:  # rows then move as lent objects
                 self.logger.info("%s: rows stay unregistered: %s", self.label, exc)
@@ -505,9 +507,10 @@ class KVPoolTier(SecondaryTierManager):
 
         Queued jobs end as failed; running ones get a second to finish.  The
         store is closed once no call runs (by the last call, if one outlives the
-        grace), and the tier drops its hold on the primary region; objects lent
-        to a call still running hold theirs until it ends (vLLM then keeps the
-        region mapped, so nothing is written to unmapped memory).
+        grace), and the tier drops its hold on the primary region; the objects
+        lent to a call still running, or the store's registration of the region,
+        hold it until the last call ends (vLLM then keeps the region mapped, so
+        nothing is read from or written to unmapped memory).
         """
         if self.closed:
             return
@@ -520,8 +523,9 @@ class KVPoolTier(SecondaryTierManager):
         self.known.clear()
         if running or late:
             self.logger.warning(
-                "%s: shut down with %d store calls still running; they end within the store's "
-                "timeout, and vLLM keeps its primary region mapped until they do",
+                "%s: shut down with %d store calls still running; until the last of them ends "
+                "(and closes the store) they hold vLLM's primary region, which vLLM then keeps "
+                "mapped",
                 self.label,
                 max(running, late),
             )
