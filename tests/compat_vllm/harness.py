@@ -256,6 +256,8 @@ class Engine:
         layers = {f"model.layers.{i}.self_attn.attn": spec for i in range(lay.layers)}
         reports = [dict(layers) for _ in range(lay.world_size)]
         supported = [layout.name for layout in get_supported_kv_cache_layouts(())]
+        if lay.kv_cache_layout is not None:  # set before resolving: it then wins outright
+            self.vllm_config.cache_config.kv_cache_layout = lay.kv_cache_layout
         resolve_kv_cache_layout(self.vllm_config, [supported] * lay.world_size, layers.values())
         groups = get_global_kv_cache_groups(self.vllm_config, reports)
         self.vllm_config.adjust_dcp_kv_cache_interleave_size(groups)

@@ -42,6 +42,8 @@ class Layout:
         gpu_blocks: the GPU blocks the workers report room for (by default
             twice what one request of ``max_model_len`` tokens needs).
         max_model_len: ``--max-model-len``.
+        kv_cache_layout: the KV cache layout the engine core resolves (a
+            ``KVCacheLayout`` name, e.g. ``LBNHC``), or None for vLLM's choice.
 
     Raises:
         ValueError: a size that is not positive, an unknown dtype, or
@@ -59,6 +61,7 @@ class Layout:
     primary_bytes: int = 2 << 20
     gpu_blocks: int | None = None
     max_model_len: int = 1024
+    kv_cache_layout: str | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

@@ -73,6 +73,7 @@ OTHER_LAYOUTS = {
     "dtype": Layout(dtype="bfloat16"),
     "model": Layout(model="kvpool-test/other-llama"),
     "chunk": Layout(blocks_per_chunk=1),
+    "kv-cache-layout": Layout(kv_cache_layout="LBNHC"),
 }
 
 
@@ -93,6 +94,12 @@ def test_an_engine_of_another_layout_finds_none(engines: Any, shared_tier: dict,
     assert set(keys) <= set(theirs)
     with second.request() as req:
         got = second.load(keys, req)
+    if shared_tier["type"] == "fs" and other.kv_cache_layout is not None:
+        # vLLM 0.33's own fs tier names a direct row's file without the KV cache layout,
+        # so it shares the chunk (the harness's bytes do not depend on the layout; a GPU's
+        # would be in the other order). kvpool's key tag names it: a miss.
+        assert got.hits == len(keys)
+        return
     assert got.hits == 0 and not got.mismatched
 
 

@@ -10,8 +10,11 @@ decides a row's bytes (:class:`~kvpool.integrations.shared.keys.KeySpace`):
   block of one worker, blocks per chunk, tokens per block hash;
 * the parallel layout: world size and the TP, PP, PCP and DCP sizes (a row holds every
   rank's slot, in rank order);
-* the KV cache groups (tokens per block, the layers' names) and whether the layout is
-  replicated (one copy for every rank) or canonical (and which canonical layout).
+* the KV cache groups (tokens per block, the layers' names), whether the layout is
+  replicated (one copy for every rank), and the KV cache layout (``LBHNC``, ``LBNHC``...)
+  with whether rows are canonical or direct copies of the GPU pages: a direct row's
+  bytes are in the order of the engine's layout, so engines of two layouts share
+  no direct rows either.
 
 Two engines with the same of all of these share chunks (across machines on Redis, a
 cluster or Mooncake); an engine with another layout never sees them.  What is left out
@@ -43,7 +46,7 @@ def chunk_key_space(config: Any, row_bytes: int) -> KeySpace:
     groups = ";".join(
         f"{g.group_id}:{g.tokens_per_block}:{','.join(g.layer_names)}" for g in config.groups
     )
-    canonical = config.kv_cache_layout if config.canonical_layout else "direct"
+    rows = "canonical" if config.canonical_layout else "direct"
     return KeySpace(
         "vllm",
         model=config.model.name,
@@ -59,7 +62,7 @@ def chunk_key_space(config: Any, row_bytes: int) -> KeySpace:
         dcp=parallel.dcp_size,
         groups=hashlib.sha256(groups.encode("utf-8")).hexdigest()[:16],
         replicated=bool(config.replicated_layout),
-        layout=canonical,
+        layout=f"{rows}:{config.kv_cache_layout}",
     )
 
 
