@@ -135,6 +135,31 @@ def test_a_row_layout_the_store_cannot_serve_is_refused(engines: Any, tmp_path: 
         SecondaryTierFactory.create_secondary_tier(entry, rows, engine.worker_spec)
 
 
+def test_a_bound_or_a_value_with_no_room_for_one_entry_is_refused(
+    engines: Any, tmp_path: Path
+) -> None:
+    """An entry is the row and kvpool's header: a bound, or a Redis value, must hold both."""
+    import numpy as np
+    from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
+
+    from kvpool.integrations.vllm import TierConfigError
+
+    engine = engines([kvpool_tier(str(tmp_path / "kv"))])
+    row = engine.row_bytes
+    view = memoryview(np.zeros((4, row), dtype=np.int8))
+    entry = kvpool_tier(str(tmp_path / "small"), max_bytes=row + 1)  # the row fits, its header not
+    with pytest.raises(TierConfigError, match=f"give max_bytes of at least {row + 64} "):
+        SecondaryTierFactory.create_secondary_tier(entry, view, engine.worker_spec)
+    exact = kvpool_tier(str(tmp_path / "one"), max_bytes=row + 64)
+    SecondaryTierFactory.create_secondary_tier(exact, view, engine.worker_spec).shutdown()
+    # A row of exactly Redis's most bytes: with the header it is more (np.zeros maps no pages).
+    rows = memoryview(np.zeros((1, 512 << 20), dtype=np.int8))
+    with pytest.raises(TierConfigError, match="kvpool's header included"):
+        SecondaryTierFactory.create_secondary_tier(
+            kvpool_tier("redis://127.0.0.1:1/0"), rows, engine.worker_spec
+        )
+
+
 def test_start_up_logs_one_line_with_the_store_and_the_key_tag(
     engines: Any, redis_server: Any, caplog: pytest.LogCaptureFixture
 ) -> None:

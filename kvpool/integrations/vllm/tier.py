@@ -44,6 +44,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import torch
 from vllm.v1.kv_offload.base import (
     Locality,
     LookupResult,
@@ -72,6 +73,8 @@ from kvpool.metrics import watch
 from kvpool.remote import store_options
 from kvpool.remote.counters import StoreCounters
 from kvpool.remote.file.aio import on_tmpfs
+from kvpool.remote.file.ranges import bytes_header
+from kvpool.remote.header import layout_for
 
 if TYPE_CHECKING:
     from vllm.v1.kv_offload.base import OffloadingSpec
@@ -208,17 +211,30 @@ class KVPoolTier(SecondaryTierManager):
     def _check_layout(self) -> None:
         """Refuse a row layout the store cannot serve, naming the fix."""
         row, kind, options = self.rows.row_bytes, self.options.kind, self.settings.options
-        if kind in ("redis", "redis-cluster") and row > _REDIS_MAX_VALUE:
-            raise TierConfigError(
-                f"{self.label}: a row of {row} bytes is larger than a Redis value may be "
-                f"({_REDIS_MAX_VALUE} bytes); lower the offload block size, or use a directory "
-                "or Mooncake"
-            )
-        if options.get("direct_io") and row % 4096:
+        if kind in ("redis", "redis-cluster"):
+            value = row + layout_for([torch.Size([row])], [torch.uint8]).tagged_header_size
+            if value > _REDIS_MAX_VALUE:
+                raise TierConfigError(
+                    f"{self.label}: a row of {row} bytes is a Redis value of {value} bytes "
+                    f"(kvpool's header included), more than a Redis value may be "
+                    f"({_REDIS_MAX_VALUE} bytes); lower the offload block size, or use a "
+                    "directory or Mooncake"
+                )
+        direct = bool(options.get("direct_io"))
+        if direct and row % 4096:
             raise TierConfigError(
                 f"{self.label}: direct_io needs rows of a multiple of 4096 bytes, got {row}; "
                 "drop direct_io"
             )
+        bound = options.get("max_bytes")
+        if kind == "file" and isinstance(bound, int) and not isinstance(bound, bool):
+            entry = row + len(bytes_header(row, direct))
+            if bound < entry:
+                raise TierConfigError(
+                    f"{self.label}: max_bytes={bound} holds no chunk: one entry takes {entry} "
+                    f"bytes (a row of {row} and kvpool's header); give max_bytes of at least "
+                    f"{entry} (room for many chunks), or leave it out"
+                )
 
     def _set_medium(self) -> None:
         """What vLLM is told the tier keeps chunks in: memory (a server, tmpfs) or storage."""
