@@ -8,12 +8,11 @@ object, its checks, its header description; a fifth of a 256 KiB get on
 :class:`~kvpool.remote.file.store.FileStore` also takes the ranges
 themselves (``put_ranges`` / ``get_ranges``, the names and meaning of
 :class:`~kvpool.remote.mooncake.store.MooncakeStore`'s), and this module
-holds what they stand on:
+holds what they stand on (the registered memory is a
+:class:`~kvpool.remote.ranges.RangeTable`, as Mooncake's: a range outside
+it is refused before any I/O, and a call in flight holds the ranges it
+uses until it returned):
 
-* :class:`Registered` - the memory a store may read and write by address
-  (``register_memory``): a range outside it is refused before any I/O,
-  and the store keeps the memory's owner alive until it is unregistered or
-  the store is closed, and a call in flight until it returned;
 * :func:`bytes_header` - the header of a range's entry: one ``uint8``
   group of the range's size, format ``UNDEFINED`` - the entry
   ``batched_put`` writes for a row lent whole by
@@ -32,34 +31,27 @@ minus the memory object.  The calls are counted as ``put_ranges`` and
 
 from __future__ import annotations
 
-import bisect
 import os
-import threading
 import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
-from kvpool.checks import check_int, refuse_unknown_keywords
-from kvpool.errors import (
-    ArgumentTypeError,
-    CorruptEntryError,
-    InvalidArgumentError,
-    KVPoolError,
-)
+from kvpool.checks import refuse_unknown_keywords
+from kvpool.errors import CorruptEntryError, KVPoolError
 from kvpool.formats import MemoryFormat
 from kvpool.native import entry as entry_calls
 from kvpool.native.loader import ffi
-from kvpool.pool.borrowed import BorrowedMemory
-from kvpool.remote.base import check_list, key_list, raise_first
+from kvpool.remote.base import raise_first
 from kvpool.remote.counters import counted
 from kvpool.remote.file.careful import read_header
 from kvpool.remote.file.direct import is_full_padded, padded
 from kvpool.remote.file.parts import run_parts
 from kvpool.remote.header import encode_header, is_full_entry, layout_for
+from kvpool.remote.ranges import Range, RangeTable, checked_ranges
 
-__all__ = ["RangeCalls", "Registered", "bytes_header", "range_header", "read_range", "span"]
+__all__ = ["RangeCalls", "bytes_header", "range_header", "read_range", "span"]
 
 _headers: dict[tuple[int, bool], bytes] = {}
 _HEADERS_MAX = 256
@@ -134,156 +126,6 @@ def read_range(fd: int, address: int, nbytes: int, where: str) -> None:
         raise CorruptEntryError(f"{where}: payload CRC mismatch")
 
 
-class Range:
-    """One registered range: ``start``, ``nbytes`` and ``owner`` (what keeps its memory alive).
-
-    ``owner`` is the tensor, or the :class:`~kvpool.pool.borrowed.BorrowedMemory`
-    over the buffer (which holds the buffer exported: its owner cannot close
-    or resize it), or None for a range given by its address.
-    """
-
-    __slots__ = ("nbytes", "owner", "start")
-
-    def __init__(self, start: int, nbytes: int, owner: object) -> None:
-        self.start = start
-        self.nbytes = nbytes
-        self.owner = owner
-
-
-class Registered:
-    """The host memory a store reads and writes by address (``register_memory``).
-
-    A call that reads or writes a range holds the :class:`Range` that
-    :meth:`covers` returned until it returns, so unregistering the range
-    or closing the store meanwhile cannot free or unmap memory under it:
-    its owner stays alive and a buffer stays exported (the owner's own
-    ``close`` raises ``BufferError`` until the call returned).
-
-    Thread safety: every method may be called from any thread.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        # start -> its Range; starts sorted for a bisect (ranges never overlap).
-        self._ranges: dict[int, Range] = {}
-        self._starts: list[int] = []
-
-    def add(self, memory: object, nbytes: object, where: str) -> tuple[int, int]:
-        """Register a long-lived host range.
-
-        Args:
-            memory: a contiguous CPU ``torch.Tensor`` or a writable buffer
-                (kept alive until the range is removed or the store
-                closed), or the range's address as an ``int`` (then the
-                caller keeps the memory mapped).
-            nbytes: bytes from the start; default (None) all of the tensor
-                or buffer; required with an address.
-            where: names the store and the call, for messages.
-
-        Returns:
-            ``(address, nbytes)`` registered.
-
-        Raises:
-            ArgumentTypeError: ``memory`` is neither a tensor, a buffer nor an int.
-            InvalidArgumentError: device memory, a non-contiguous or
-                read-only or empty buffer; a bad ``nbytes``; a range that
-                overlaps one registered already.
-
-        Complexity: O(ranges) for the overlap check.
-        """
-        address, size, keep = _range_of(memory, nbytes, where)
-        with self._lock:
-            for start, taken in self._ranges.items():
-                if address < start + taken.nbytes and start < address + size:
-                    raise InvalidArgumentError(
-                        f"{where}: {size} bytes at {address:#x} overlap the {taken.nbytes} "
-                        f"bytes at {start:#x} registered already; unregister that range first, "
-                        "or register the memory once"
-                    )
-            self._ranges[address] = Range(address, size, keep)
-            bisect.insort(self._starts, address)
-        return address, size
-
-    def remove(self, memory: object, where: str) -> None:
-        """Drop the range that starts where ``memory`` (a tensor, buffer or address) starts.
-
-        Raises:
-            ArgumentTypeError: a bad ``memory``.
-            InvalidArgumentError: no registered range starts there.
-        """
-        address = _start_of(memory, where)
-        with self._lock:
-            if address not in self._ranges:
-                raise InvalidArgumentError(
-                    f"{where}: no range registered with register_memory starts at "
-                    f"{address:#x}; pass the memory or address given to register_memory"
-                )
-            del self._ranges[address]
-            self._starts.remove(address)
-
-    def covers(self, address: int, nbytes: int) -> Range | None:
-        """The registered range that ``[address, address + nbytes)`` lies in, or None.
-
-        Hold it while the bytes are read or written (see the class docstring).
-        """
-        with self._lock:
-            i = bisect.bisect_right(self._starts, address) - 1
-            if i < 0:
-                return None
-            found = self._ranges[self._starts[i]]
-            return found if address + nbytes <= found.start + found.nbytes else None
-
-    def ranges(self) -> list[tuple[int, int]]:
-        """``(address, nbytes)`` of every registered range, by address."""
-        with self._lock:
-            return [(a, self._ranges[a].nbytes) for a in self._starts]
-
-    def clear(self) -> None:
-        """Drop every range (and the references that kept their memory alive)."""
-        with self._lock:
-            self._ranges.clear()
-            self._starts.clear()
-
-
-def _lender(memory: object, where: str) -> BorrowedMemory:
-    try:
-        return BorrowedMemory(memory)
-    except ArgumentTypeError as exc:
-        raise ArgumentTypeError(
-            f"{where}: memory must be a CPU torch.Tensor, a writable buffer or an int address, "
-            f"got {type(memory).__name__} ({exc})"
-        ) from None
-
-
-def _start_of(memory: object, where: str) -> int:
-    """Where a range given by its memory or its address starts."""
-    if isinstance(memory, int) and not isinstance(memory, bool):
-        return memory
-    return _lender(memory, where).address
-
-
-def _range_of(memory: object, nbytes: object, where: str) -> tuple[int, int, object]:
-    """``(address, nbytes, what to keep alive)`` of a range to register, checked."""
-    if isinstance(memory, bool):
-        raise ArgumentTypeError(f"{where}: memory must be a tensor, a buffer or an address")
-    if isinstance(memory, int):
-        if memory <= 0:
-            raise InvalidArgumentError(f"{where}: an address must be positive, got {memory}")
-        if nbytes is None:
-            raise InvalidArgumentError(
-                f"{where}: nbytes is required with an int address (the range's size)"
-            )
-        size = check_int("nbytes", nbytes, low=1, high=(1 << 64) - memory)
-        return memory, size, None
-    lender = _lender(memory, where)
-    if lender.nbytes == 0:
-        raise InvalidArgumentError(f"{where}: the memory is empty: nothing to register")
-    size = lender.nbytes
-    if nbytes is not None:
-        size = check_int("nbytes", nbytes, low=1, high=size, fix="at most the memory's size")
-    return lender.address, size, lender
-
-
 # A mixin is no RefusesUnknownKeywords subclass: guarded here, where its methods are defined.
 @refuse_unknown_keywords
 class RangeCalls:
@@ -294,7 +136,7 @@ class RangeCalls:
     its write and read of one entry, its batch parts and its bound.
     """
 
-    _registered: Registered
+    _registered: RangeTable
     _checksum: bool
     _direct: bool
     _bound: Any
@@ -303,7 +145,7 @@ class RangeCalls:
     _evictor: Any
     _bname: Callable[[bytes], bytes]
     _bpath: Callable[[bytes], bytes]
-    _where: Callable[[str, bytes], str]
+    _where: Callable[[str, bytes | None], str]
     _os_error: Callable[..., Exception]
     _open_entry: Callable[[bytes, str], int | None]
     _guard: Callable[[Sequence[Any]], Any]
@@ -330,7 +172,8 @@ class RangeCalls:
 
         Raises:
             ArgumentTypeError / InvalidArgumentError: as
-                :meth:`Registered.add` (an overlap with a registered range included).
+                :meth:`~kvpool.remote.ranges.RangeTable.add` (an overlap with a
+                registered range included).
             PoolClosedError: the store was closed.
         """
         self._check_open()
@@ -348,40 +191,6 @@ class RangeCalls:
             InvalidArgumentError: no such range; ArgumentTypeError: a bad ``memory``.
         """
         self._registered.remove(memory, f"unregister_memory on {self!r}")
-
-    def _checked_ranges(
-        self,
-        action: str,
-        keys: Sequence[Any],
-        addresses: Sequence[int],
-        sizes: Sequence[int],
-        held: list[Range],
-    ) -> tuple[list[bytes], list[int], list[int]]:
-        """The keys as bytes and the ranges as ints, checked (see :meth:`put_ranges`).
-
-        The registered ranges they lie in are added to ``held``, which the
-        caller keeps until it returns (see :class:`Registered`).
-        """
-        kbs = key_list(keys)
-        addrs = [check_int("an address", a, low=1) for a in check_list("addresses", addresses)]
-        lens = [check_int("a size", n, low=1) for n in check_list("sizes", sizes)]
-        if not len(kbs) == len(addrs) == len(lens):
-            raise InvalidArgumentError(
-                f"{action} on {self!r}: {len(kbs)} keys, {len(addrs)} addresses and "
-                f"{len(lens)} sizes; give one address and one size per key"
-            )
-        self._check_open()
-        covers = self._registered.covers
-        for kb, address, nbytes in zip(kbs, addrs, lens, strict=True):
-            inside = covers(address, nbytes)
-            if inside is None:
-                raise InvalidArgumentError(
-                    f"{self._where(action, kb)}: the range of {nbytes} bytes at {address:#x} is "
-                    "not inside memory registered with this store; register the buffer first "
-                    "(register_memory)"
-                )
-            held.append(inside)
-        return kbs, addrs, lens
 
     @counted("put_ranges")
     def put_ranges(
@@ -410,7 +219,15 @@ class RangeCalls:
             RemoteStoreError: the file system refused (full, read-only...).
         """
         held: list[Range] = []  # until this returns: no unregister or close frees the memory
-        kbs, addrs, lens = self._checked_ranges("put_ranges", keys, addresses, sizes, held)
+        kbs, addrs, lens = checked_ranges(
+            self._registered.covers,
+            lambda kb: self._where("put_ranges", kb),
+            keys,
+            addresses,
+            sizes,
+            held,
+            self._check_open,
+        )
         if not kbs:
             return
         with self._guard(kbs):
@@ -471,7 +288,15 @@ class RangeCalls:
             RemoteStoreError: the file system refused.
         """
         held: list[Range] = []  # until this returns: no unregister or close frees the memory
-        kbs, addrs, lens = self._checked_ranges("get_ranges", keys, addresses, sizes, held)
+        kbs, addrs, lens = checked_ranges(
+            self._registered.covers,
+            lambda kb: self._where("get_ranges", kb),
+            keys,
+            addresses,
+            sizes,
+            held,
+            self._check_open,
+        )
         bounds = self._bounds(kbs, sum(lens))
         if len(bounds) < 2:
             found = self._read_ranges(kbs, addrs, lens)

@@ -96,11 +96,12 @@ from kvpool.remote.file.evict import Evictor
 from kvpool.remote.file.io import CLOEXEC
 from kvpool.remote.file.names import entry_name, plain_name, remove_prefix
 from kvpool.remote.file.parts import batch_nbytes, run_parts, split_bounds
-from kvpool.remote.file.ranges import RangeCalls, Registered
+from kvpool.remote.file.ranges import RangeCalls
 from kvpool.remote.file.reads import ReadCalls
 from kvpool.remote.file.spares import Spares, remove_dead_temp, temp_name
 from kvpool.remote.header import EntryInfo
 from kvpool.remote.objects import encode_entry, hold, release
+from kvpool.remote.ranges import RangeTable
 
 __all__ = ["FileStore"]
 
@@ -238,7 +239,7 @@ class FileStore(ReadCalls, RemoteStore, RangeCalls):
         self._spares = Spares(io_threads + 1)
         if cleanup_temp_age_s is not None:
             self.cleanup_temp(cleanup_temp_age_s)
-        self._registered = Registered()
+        self._registered = RangeTable()
         self._direct = direct_io
         if direct_io:
             probe(self.directory)
@@ -291,7 +292,9 @@ class FileStore(ReadCalls, RemoteStore, RangeCalls):
             return b"k" + kb
         return os.fsencode(entry_name(kb))
 
-    def _where(self, action: str, kb: bytes) -> str:
+    def _where(self, action: str, kb: bytes | None) -> str:
+        if kb is None:
+            return f"{action} on {self!r}"
         return f"{action} {kb!r} ({self._path(kb)})"
 
     def _os_error(self, exc: OSError, action: str, kb: bytes) -> RemoteStoreError:

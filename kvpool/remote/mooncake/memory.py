@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import bisect
 import threading
 import weakref
 from collections.abc import Callable
@@ -24,11 +23,11 @@ import numpy as np
 import torch
 
 import kvpool.remote.mooncake.codes as codes
-from kvpool.checks import check_int
-from kvpool.errors import ArgumentTypeError, InvalidArgumentError, PoolClosedError
+from kvpool.errors import PoolClosedError
 from kvpool.pool.handle import TensorMemoryObj
 from kvpool.pool.interface import MemoryAllocatorInterface
 from kvpool.pool.objects import MemoryObj
+from kvpool.remote.ranges import Range, RangeTable
 
 __all__ = ["HeaderSlabs", "PoolRegions", "Slab", "address_of"]
 
@@ -121,10 +120,8 @@ class PoolRegions:
         self._client = client
         self._lock = threading.Lock()
         self._by_owner: dict[int, _Region] = {}
-        # Caller ranges (add_range): start -> (nbytes, what keeps the memory
-        # alive); the starts sorted, for a bisect (the ranges never overlap).
-        self._ranges: dict[int, tuple[int, object]] = {}
-        self._starts: list[int] = []
+        # Caller ranges (add_range); self._lock is taken before the table's.
+        self._ranges = RangeTable()
         self._closed = False
 
     def ensure(self, obj: MemoryObj, address: int, nbytes: int) -> tuple[int, int] | None:
@@ -148,7 +145,7 @@ class PoolRegions:
         region = self._by_owner.get(id(owner)) if owner is not None else None
         if region is not None and region.owner() is owner:
             return None
-        if self._starts and self._covered(address, max(nbytes, 1)):
+        if self.covers(address, max(nbytes, 1)) is not None:
             return None
         found = _memory_region(owner)
         if found is None:
@@ -179,88 +176,61 @@ class PoolRegions:
         region.unhook = owner.add_close_hook(lambda key=key: self._forget(key))
         return None
 
-    def covers(self, address: int, nbytes: int) -> bool:
-        """True when ``[address, address + nbytes)`` lies in one range of :meth:`add_range`."""
-        return bool(self._starts) and self._covered(address, nbytes)
+    def covers(self, address: int, nbytes: int) -> Range | None:
+        """The range of :meth:`add_range` that ``[address, address + nbytes)`` lies in, or None.
 
-    def _covered(self, address: int, nbytes: int) -> bool:
-        with self._lock:
-            i = bisect.bisect_right(self._starts, address) - 1
-            if i < 0:
-                return False
-            start = self._starts[i]
-            return address + nbytes <= start + self._ranges[start][0]
+        Hold it while the bytes move (see :class:`~kvpool.remote.ranges.RangeTable`).
+        """
+        return self._ranges.covers(address, nbytes) if self._ranges else None
 
     def add_range(self, memory: object, nbytes: object, where: str) -> tuple[int, int]:
         """Register a long-lived host range once; objects inside it then need no registration.
 
-        Args:
-            memory: a contiguous CPU ``torch.Tensor`` (kept alive until the
-                range is removed), or the range's address as an ``int``.
-            nbytes: bytes from the start; default (None) the tensor's size;
-                required with an address.
-            where: names the store, for error messages.
-
-        Returns:
-            ``(address, nbytes)`` registered.
+        Args/returns/raises: :meth:`~kvpool.remote.ranges.RangeTable.add`
+        (a contiguous CPU tensor, a writable buffer or an address; a range
+        overlapping one registered here, a pool's included, is refused),
+        and:
 
         Raises:
-            ArgumentTypeError: ``memory`` is neither a tensor nor an int.
-            InvalidArgumentError: a non-CPU, non-contiguous or empty tensor;
-                a bad ``nbytes``; a range overlapping one registered here.
             PoolClosedError: the store was closed.
             RemoteStoreError: Mooncake refused the registration.
 
         Complexity: O(ranges) for the overlap check, one Mooncake call.
         """
-        address, nbytes, keep = _range_of(memory, nbytes)
         with self._lock:
             if self._closed:
                 raise PoolClosedError(f"{where}: the store was closed")
-            taken = [(a, n) for a, (n, _) in self._ranges.items()]
-            taken += [(r.address, r.nbytes) for r in self._by_owner.values()]
-            for start, size in taken:
-                if address < start + size and start < address + nbytes:
-                    raise InvalidArgumentError(
-                        f"{where}: {nbytes} bytes at {address:#x} overlap the {size} bytes at "
-                        f"{start:#x} registered already; unregister that range first, or "
-                        "register the memory once"
-                    )
+            pools = [(r.address, r.nbytes) for r in self._by_owner.values()]
+            return self._ranges.add(memory, nbytes, where, pools, self._register_range(where))
+
+    def _register_range(self, where: str) -> Callable[[int, int], None]:
+        """What registers a caller's range with Mooncake (raises its refusal)."""
+
+        def register(address: int, nbytes: int) -> None:
             rc = self._client.register_buffer(address, nbytes)
             if rc != 0:
                 raise codes.error_for(
                     rc, f"{where}: registering {nbytes} bytes at {address:#x} with Mooncake"
                 )
-            self._ranges[address] = (nbytes, keep)
-            bisect.insort(self._starts, address)
-        return address, nbytes
+
+        return register
 
     def remove_range(self, memory: object, where: str) -> None:
-        """Deregister a range :meth:`add_range` registered (by its tensor or start address).
+        """Deregister a range :meth:`add_range` registered (by its memory or start address).
 
-        Call it only once no call in flight reads or writes objects inside it.
+        A call in flight over it still holds its owner until it returns,
+        but Mooncake no longer moves bytes there: call it once no call in
+        flight reads or writes inside it.
 
         Raises:
-            ArgumentTypeError: ``memory`` is neither a tensor nor an int.
+            ArgumentTypeError: a bad ``memory``.
             InvalidArgumentError: no range registered by :meth:`add_range` starts there.
         """
-        address = _start_of(memory)
         with self._lock:
-            if address not in self._ranges:
-                raise InvalidArgumentError(
-                    f"{where}: no range registered with register_memory starts at "
-                    f"{address:#x}; pass the tensor or address given to register_memory"
-                )
-            del self._ranges[address]
-            self._starts.remove(address)
+            dropped = self._ranges.remove(memory, where)
             if self._closed:
                 return
-        self._client.unregister_buffer(address)
-
-    def ranges(self) -> list[tuple[int, int]]:
-        """``(address, nbytes)`` of every range registered by :meth:`add_range`, by address."""
-        with self._lock:
-            return [(a, self._ranges[a][0]) for a in self._starts]
+        self._client.unregister_buffer(dropped.start)
 
     def release_temporary(self, reg: tuple[int, int] | None) -> None:
         """Deregister what :meth:`ensure` registered for one call."""
@@ -286,53 +256,14 @@ class PoolRegions:
         with self._lock:
             regions = list(self._by_owner.values())
             self._by_owner.clear()
-            starts, self._starts = self._starts, []
-            self._ranges.clear()
+            dropped = self._ranges.clear()
             self._closed = True
         for region in regions:
             if region.unhook is not None:
                 region.unhook()
             self._client.unregister_buffer(region.address)
-        for start in starts:
-            self._client.unregister_buffer(start)
-
-
-def _start_of(memory: object) -> int:
-    if isinstance(memory, torch.Tensor):
-        return int(memory.data_ptr())
-    if isinstance(memory, bool) or not isinstance(memory, int):
-        raise ArgumentTypeError(
-            f"memory must be a CPU torch.Tensor or an int address, got {type(memory).__name__}"
-        )
-    return memory
-
-
-def _range_of(memory: object, nbytes: object) -> tuple[int, int, object]:
-    """``(address, nbytes, what to keep alive)`` of a range to register, checked."""
-    address = _start_of(memory)
-    if isinstance(memory, torch.Tensor):
-        if memory.device.type != "cpu":
-            raise InvalidArgumentError(
-                f"memory must be host memory, got a tensor on {memory.device}; register the "
-                "CPU buffer objects are copied through"
-            )
-        if not memory.is_contiguous():
-            raise InvalidArgumentError(
-                "memory must be a contiguous tensor (one range); pass .contiguous() storage or "
-                "its address and size"
-            )
-        size = memory.numel() * memory.element_size()
-        if size == 0:
-            raise InvalidArgumentError("memory is an empty tensor: nothing to register")
-        if nbytes is not None:
-            size = check_int("nbytes", nbytes, low=1, high=size, fix="at most the tensor's size")
-        return address, size, memory
-    if address <= 0:
-        raise InvalidArgumentError(f"address must be positive, got {address}")
-    if nbytes is None:
-        raise InvalidArgumentError("nbytes is required with an int address (the range's size)")
-    size = check_int("nbytes", nbytes, low=1, high=(1 << 64) - address)
-    return address, size, None
+        for caller in dropped:
+            self._client.unregister_buffer(caller.start)
 
 
 def _memory_region(owner: object) -> tuple[int, int] | None:

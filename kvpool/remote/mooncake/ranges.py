@@ -19,8 +19,9 @@ themselves:
 Every range must lie in memory registered with the store
 (:meth:`~kvpool.remote.mooncake.store.MooncakeStore.register_memory`):
 Mooncake's transfer engine reads and writes only registered memory, and a
-range outside it is refused before any call.  The caller keeps the memory
-alive and does not reuse a range until the call returned.  The calls are
+range outside it is refused before any call.  A call holds the registered
+ranges it uses until it returns (a range registered by its address is the
+caller's to keep mapped), and the caller does not reuse a range meanwhile.  The calls are
 counted as ``put_ranges`` and ``get_ranges`` (entries, bytes, misses).
 """
 
@@ -33,9 +34,9 @@ from typing import Any
 import kvpool.remote.mooncake.codes as codes
 from kvpool.checks import refuse_unknown_keywords
 from kvpool.errors import CorruptEntryError, InvalidArgumentError
-from kvpool.remote.base import key_list
 from kvpool.remote.counters import counted
 from kvpool.remote.mooncake.ops import Entry, rounds, write_entries
+from kvpool.remote.ranges import Range, checked_ranges
 
 __all__ = ["RangeCalls"]
 
@@ -60,33 +61,33 @@ class RangeCalls:
     _regions: Any
 
     def _ranges(
-        self, action: str, keys: Sequence[Any], addresses: Sequence[int], sizes: Sequence[int]
+        self,
+        action: str,
+        keys: Sequence[Any],
+        addresses: Sequence[int],
+        sizes: Sequence[int],
+        held: list[Range],
     ) -> tuple[list[bytes], list[int], list[int]]:
-        """The keys as bytes and the ranges as ints, checked (see :meth:`put_ranges`)."""
-        kbs = key_list(keys)
+        """The keys as bytes and the ranges as ints, checked (see :meth:`put_ranges`).
+
+        The registered ranges they lie in are added to ``held``, which the
+        caller keeps until it returns.
+        """
         if not self.headerless:
             raise InvalidArgumentError(
                 f"{self._where(action, None)}: only a headerless store takes ranges (an entry "
                 "with kvpool's header needs an object's layout); open it with headerless=True, "
                 "or put memory objects"
             )
-        addrs = [int(a) for a in addresses]
-        lens = [int(n) for n in sizes]
-        if not len(kbs) == len(addrs) == len(lens):
-            raise InvalidArgumentError(
-                f"{self._where(action, None)}: {len(kbs)} keys, {len(addrs)} addresses and "
-                f"{len(lens)} sizes; give one address and one size per key"
-            )
-        self._check_open()
-        covers = self._regions.covers
-        for kb, address, nbytes in zip(kbs, addrs, lens, strict=True):
-            if nbytes < 1 or address < 1 or not covers(address, nbytes):
-                raise InvalidArgumentError(
-                    f"{self._where(action, kb)}: the range of {nbytes} bytes at {address:#x} is "
-                    "not inside memory registered with this store; register the buffer first "
-                    "(register_memory), and give ranges of at least one byte"
-                )
-        return kbs, addrs, lens
+        return checked_ranges(
+            self._regions.covers,
+            lambda kb: self._where(action, kb),
+            keys,
+            addresses,
+            sizes,
+            held,
+            self._check_open,
+        )
 
     @counted("put_ranges")
     def put_ranges(
@@ -110,7 +111,8 @@ class RangeCalls:
 
         Complexity: one ``batch_put_from`` (one round per repeated key).
         """
-        kbs, addrs, lens = self._ranges("put_ranges", keys, addresses, sizes)
+        held: list[Range] = []  # until this returns: no unregister or close frees the memory
+        kbs, addrs, lens = self._ranges("put_ranges", keys, addresses, sizes, held)
         if not kbs:
             return
         mkeys = [self._mkey(kb) for kb in kbs]
@@ -164,7 +166,8 @@ class RangeCalls:
         Complexity: one ``batch_get_into`` (one round per repeated key,
         one more per retry of a busy entry).
         """
-        kbs, addrs, lens = self._ranges("get_ranges", keys, addresses, sizes)
+        held: list[Range] = []  # until this returns: no unregister or close frees the memory
+        kbs, addrs, lens = self._ranges("get_ranges", keys, addresses, sizes, held)
         found = [False] * len(kbs)
         mkeys = [self._mkey(kb) for kb in kbs]
         backoff = codes.Backoff(self.timeout)
