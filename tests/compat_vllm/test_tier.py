@@ -438,6 +438,38 @@ def test_shutdown_returns_in_two_seconds_with_jobs_in_flight(
         server.close()
 
 
+def test_shutdown_with_every_wait_taken_in_full_ends_under_its_bound(
+    engines: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worst case, on a clock of the test's: each wait lasts all it was given."""
+    import kvpool.integrations.vllm.tier as tier_module
+    from kvpool.integrations.shared.calls import CLOSE_STORE_WAIT
+
+    engine = engines([kvpool_tier(str(tmp_path / "kv"))])
+    tier = tier_of(engine)
+    clock = [0.0]
+    monkeypatch.setattr(tier_module, "_perf", lambda: clock[0])
+    jobs_stop, lookups_stop, calls_close = tier._jobs.stop, tier._lookups.stop, tier._calls.close
+
+    def stop_jobs(grace: float) -> int:
+        clock[0] += grace
+        return jobs_stop(grace)
+
+    def stop_lookups(wait: float) -> Any:
+        clock[0] += wait
+        return lookups_stop(wait)
+
+    def close_calls(close_store: Any, grace: float) -> int:
+        clock[0] += max(grace, 0.0) + CLOSE_STORE_WAIT  # the grace, then the store's close
+        return calls_close(close_store, grace=grace)
+
+    monkeypatch.setattr(tier._jobs, "stop", stop_jobs)
+    monkeypatch.setattr(tier._lookups, "stop", stop_lookups)
+    monkeypatch.setattr(tier._calls, "close", close_calls)
+    tier.shutdown()
+    assert clock[0] < tier_module.SHUTDOWN_BOUND, clock[0]  # before: 1.2 + 0.3 + 0.5 = 2.0
+
+
 def test_a_directory_put_that_outlives_shutdown_still_has_vllms_region(
     engines: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

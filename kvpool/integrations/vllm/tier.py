@@ -90,9 +90,12 @@ SHUTDOWN_BOUND = 2.0
 RETRY_AFTER = 1.0
 # How long shutdown waits for the jobs running, then for the lookup thread's check in
 # flight; what is left of SHUTDOWN_BOUND after them, less the store's own close
-# (CLOSE_STORE_WAIT), goes to the store calls still running.
+# (CLOSE_STORE_WAIT) and a margin for the work between the waits, goes to the store
+# calls still running.  Every wait is cut to what is left, so even each one taken in
+# full ends the shutdown within SHUTDOWN_BOUND - _SHUTDOWN_MARGIN.
 _JOB_GRACE = 1.2
 _LOOKUP_STOP_WAIT = 0.3
+_SHUTDOWN_MARGIN = 0.1
 # Most bytes of a Redis value (the server's proto-max-bulk-len default).
 _REDIS_MAX_VALUE = 512 << 20
 
@@ -531,10 +534,10 @@ class KVPoolTier(SecondaryTierManager):
         if self.closed:
             return
         self.closed = True
-        deadline = _perf() + SHUTDOWN_BOUND - CLOSE_STORE_WAIT
-        running = self._jobs.stop(_JOB_GRACE)
+        deadline = _perf() + SHUTDOWN_BOUND - CLOSE_STORE_WAIT - _SHUTDOWN_MARGIN
+        running = self._jobs.stop(min(_JOB_GRACE, deadline - _perf()))
         self._lookups.stop(min(_LOOKUP_STOP_WAIT, max(deadline - _perf(), 0.0)))
-        late = self._calls.close(self._close_store, grace=deadline - _perf())
+        late = self._calls.close(self._close_store, grace=max(deadline - _perf(), 0.0))
         self.rows.release()
         self.known.clear()
         if running or late:
