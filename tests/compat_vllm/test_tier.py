@@ -538,3 +538,30 @@ def test_metrics_reach_vllms_stats_and_definitions(engines: Any, tmp_path: Path)
     )
     assert any(k.startswith("vllm:kv_offload_tiering_write_bytes") for k in flat), flat
     assert tier_of(second).config_info() == {"kvpool_store": "file"}
+
+
+def test_a_store_the_tier_cannot_adopt_is_closed_not_leaked(
+    engines: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store opened lazily (Mooncake unreachable at start-up) whose set-up fails is closed."""
+    import kvpool.integrations.vllm.tier as tier_module
+
+    engine = engines([kvpool_tier(str(tmp_path / "kv"))])
+    tier = tier_of(engine)
+    tier.store.close()
+    tier.store = None  # as if it was unreachable at start-up
+    opened: list[Any] = []
+    real_open = tier_module.open_settings_store
+
+    def open_store(*args: Any, **kw: Any) -> Any:
+        opened.append(real_open(*args, **kw))
+        return opened[-1]
+
+    def adopt(store: Any) -> None:
+        raise RuntimeError("set-up failed")
+
+    monkeypatch.setattr(tier_module, "open_settings_store", open_store)
+    monkeypatch.setattr(tier, "_adopt", adopt)
+    with pytest.raises(RuntimeError, match="set-up failed"):
+        tier._open_store()
+    assert len(opened) == 1 and opened[0].closed and tier.store is None

@@ -284,7 +284,11 @@ class KVPoolTier(SecondaryTierManager):
                 self._outage()
                 self.report.failed("open", started, exc)
                 return None
-            self._adopt(store)
+            try:
+                self._adopt(store)
+            except BaseException:
+                store.close()  # nobody else holds it yet
+                raise
             self.store = store
             return store
 
