@@ -477,6 +477,10 @@ class FileStore(ReadCalls, RemoteStore, RangeCalls):
             self._evictor.remove(victims, self._reuse, evicted)  # type: ignore[union-attr]
         if direct and not stamp.direct:
             self.counters.observe("put_buffered", 0.0, nbytes=size)
+        if self._durable:
+            # Once the entry is recorded: a failed fsync still leaves the
+            # renamed file in place, and the bound must count it.
+            self._sync_directory(kb)
 
     def _place(
         self,
@@ -488,7 +492,10 @@ class FileStore(ReadCalls, RemoteStore, RangeCalls):
         direct: int,
         stamp: Any,
     ) -> None:
-        """The C write of :meth:`_write`: into a spare, or a new temporary file, then renamed."""
+        """The C write of :meth:`_write`: into a spare, or a new temporary file, then renamed.
+
+        With ``durable`` the caller then syncs the directory (see :meth:`_write`).
+        """
         write = entry_calls.write_entry
         try:
             if self._reuse:
@@ -516,8 +523,6 @@ class FileStore(ReadCalls, RemoteStore, RangeCalls):
             self._spares.give(tmp)  # tmp now names the replaced entry
         elif outcome == entry_calls.RENAMED_NO_EXCHANGE:
             self._reuse = False  # this file system cannot exchange
-        if self._durable:
-            self._sync_directory(kb)
 
     def _close(self) -> None:
         self._spares.close()
