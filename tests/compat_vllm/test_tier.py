@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -371,6 +372,46 @@ def test_chunks_known_to_be_stored_are_misses_during_an_outage(engines: Any) -> 
     assert not any(tier.known.touch(k) for k in keys)  # the failed load forgot them
 
 
+def test_the_job_that_finds_the_outage_is_not_failed_fast_the_next_one_is(engines: Any) -> None:
+    from remote.redis_servers import need_redis, start_redis
+
+    port = _free_port()
+    server = start_redis(need_redis(), port=port)
+    try:
+        engine = engines([kvpool_tier(f"redis://127.0.0.1:{port}/0")])
+        tier = tier_of(engine)
+        for thread in threading.enumerate():
+            if thread.name == "kvpool-vllm-probe":
+                thread.join()  # the start-up probe reached the server
+        tier.gate.retry_after = 3600.0  # no probe between the two jobs, however slow
+    finally:
+        server.stop()
+    for seed, fast in ((54, 0), (55, 1)):
+        with engine.request() as req:
+            engine.store(engine.keys(seed, chunks=2), req)
+        engine.settle()
+        assert tier.tally.totals["kvpool:vllm_tier_jobs_failed_fast"] == fast
+    assert tier.tally.totals["kvpool:vllm_tier_outages"] == tier.report.outages == 1
+
+
+def test_an_unexpected_error_is_one_outage_in_the_metric_and_the_log(
+    engines: Any, tmp_path: Path
+) -> None:
+    """The outage metric follows the warning's rule, whatever the error's type."""
+    engine = engines([kvpool_tier(str(tmp_path / "kv"))])
+    tier = tier_of(engine)
+
+    def broken(names: Any) -> Any:
+        raise ValueError("a bug in a store")
+
+    tier.store.batched_exists = broken
+    keys = engine.keys(56, chunks=2)
+    with engine.request() as req:
+        assert engine.load(keys, req).hits == 0
+    assert tier.report.outages == 1
+    assert tier.tally.totals["kvpool:vllm_tier_outages"] == 1
+
+
 def test_reset_cache_drains_every_job_and_the_chunks_stay_in_the_tier(
     engines: Any, redis_server: Any
 ) -> None:
@@ -474,8 +515,6 @@ def test_a_directory_put_that_outlives_shutdown_still_has_vllms_region(
     engines: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A directory moves rows by address (no lent objects): its registration holds the region."""
-    import threading
-
     engine = engines([kvpool_tier(str(tmp_path / "kv"))])
     tier = tier_of(engine)
     assert tier.transfers.ranges

@@ -317,12 +317,16 @@ class KVPoolTier(SecondaryTierManager):
 
     # -- one store call -------------------------------------------------------
 
-    def _run_call(self, op: str, fn: Any, failed: Any) -> Any:
+    def _run_call(self, op: str, fn: Any, failed: Any, job: bool = False) -> Any:
         """``fn(store)`` under the outage gate and the close rules; ``failed`` when it cannot run.
 
         A store error is reported (one warning per outage) and returns ``failed``.
+        A job's call (``job``) that the gate refuses is a job failed fast; the
+        one whose own failure starts an outage is not.
         """
         if not self.gate.allow():
+            if job:
+                self.tally.add("kvpool:vllm_tier_jobs_failed_fast")
             return failed
         if not self._calls.enter():
             return failed
@@ -331,7 +335,9 @@ class KVPoolTier(SecondaryTierManager):
             store = self.store if self.store is not None else self._open_store()
             value = fn(store)
         except Exception as exc:
-            if isinstance(exc, (RemoteStoreError, OSError)) and not is_quiet(exc):
+            # The Reporter's rule: every failure that is not a normal event starts (or
+            # continues) an outage - counted, and gated, exactly when it warns of one.
+            if not is_quiet(exc):
                 self._outage()
             self.report.failed(op, started, exc)
             return failed
@@ -407,11 +413,9 @@ class KVPoolTier(SecondaryTierManager):
                 addresses = self.rows.addresses([chunk_ids[i] for i in fresh])
                 names = [self.space.key(keys[i].hex()) for i in fresh]
                 moved = self._run_call(
-                    "store", lambda store: self.transfers.store(store, names, addresses), None
+                    "store", lambda store: self.transfers.store(store, names, addresses), None, True
                 )
                 if moved is None:
-                    if self.gate.down:
-                        self.tally.add("kvpool:vllm_tier_jobs_failed_fast")
                     return _Done(JobResult(job_id, False))
                 self.counters.observe(
                     "batched_put", _perf() - started, entries=len(keys), nbytes=moved
@@ -438,11 +442,12 @@ class KVPoolTier(SecondaryTierManager):
 
         with self.ledger.watch() as evicted:
             outcome = self._run_call(
-                "load", lambda store: self.transfers.load(store, names, addresses, remove), None
+                "load",
+                lambda store: self.transfers.load(store, names, addresses, remove),
+                None,
+                True,
             )
             if outcome is None:
-                if self.gate.down:
-                    self.tally.add("kvpool:vllm_tier_jobs_failed_fast")
                 return _Done(JobResult(job_id, False), failed_loads=keys)
             loaded = [k for k, hit in zip(keys, outcome.found, strict=True) if hit]
             self.ledger.learn(loaded, evicted, stored=False)
