@@ -81,8 +81,13 @@ class JobRunner(Generic[_R]):
 
     @property
     def busy(self) -> bool:
-        """True while a job is queued or running, or a result waits to be taken."""
-        return bool(self._loads or self._stores or self._running or self._finished)
+        """True while a job is queued or running, or a result waits to be taken.
+
+        Read under the lock: a job moves from its queue to running, and from
+        running to finished, in one step each, so no moment reads as idle.
+        """
+        with self._cond:
+            return bool(self._loads or self._stores or self._running or self._finished)
 
     def drain(self) -> None:
         """Wait until every queued job has ended (their results wait in :meth:`finished`)."""
@@ -126,6 +131,6 @@ class JobRunner(Generic[_R]):
                 _log.exception("kvpool vLLM tier: a job raised; it ends as failed")
                 result = fail()
             with self._cond:
+                self._finished.append(result)  # before it stops counting as running
                 self._running -= 1
-                self._finished.append(result)
                 self._cond.notify_all()
