@@ -254,3 +254,30 @@ def test_batch_threads_is_checked_and_defaults_to_the_cpus(tmp_path: Path) -> No
     assert store.batch_threads == default_batch_threads()
     assert 1 <= default_batch_threads() <= 4
     store.close()
+
+
+def test_a_split_puts_evictions_run_off_the_loop(
+    tmp_path: Path, pool: kvpool.TensorMemoryAllocator
+) -> None:
+    objs, _ = _objects(pool, 4)
+    keys = [f"k{i}" for i in range(4)]
+    evicted_in: list[str] = []
+    entry = BIG.numel() * 2 + 4096  # the payload and room for its header
+
+    def on_evict(_keys: list[bytes]) -> None:
+        evicted_in.append(threading.current_thread().name)
+
+    async def main() -> None:
+        async with AsyncFileStore(
+            tmp_path / "s", batch_threads=2, max_bytes=3 * entry, on_evict=on_evict
+        ) as store:
+            # The batch protects its own entries: the one over the bound is
+            # evicted when the guard of the whole batch ends.
+            await store.batched_put(keys, objs)
+            assert store.store.bound is not None and len(store.store.bound) == 3
+
+    run(main())
+    assert evicted_in and all(t.startswith("kvpool-AsyncFileStore") for t in evicted_in)
+    for o in objs:
+        o.ref_count_down()
+    assert_clean(pool)

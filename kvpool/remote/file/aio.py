@@ -102,8 +102,8 @@ class AsyncFileStore(AsyncRemoteStore):
             ``durable``, ``reuse_files``, ``cleanup_temp_age_s``,
             ``make_parents``, ``max_bytes``, ``on_evict``, ``direct_io``).
             ``on_evict`` is called in the thread that evicted: a worker
-            thread, or the event loop's with ``threads=0``; it must not
-            block, nor call the store.
+            thread, or with ``threads=0`` the event loop's (for a call
+            run on the loop); it must not block, nor call the store.
 
     Attributes:
         store: the underlying blocking store (its ``path``, ``cleanup_temp``...;
@@ -228,7 +228,8 @@ class AsyncFileStore(AsyncRemoteStore):
             return
         keys, memory_objs = list(keys), list(memory_objs)
         # The parts are one batch: none evicts the entries another writes.
-        with self.store._guard(keys):
+        names = self.store._protect(keys)
+        try:
             outcomes = await self._split(
                 pool,
                 self.store.batched_put,
@@ -236,9 +237,25 @@ class AsyncFileStore(AsyncRemoteStore):
                 None,
                 borrows=True,
             )
+        finally:
+            await self._release(pool, names)
         for outcome in outcomes:
             if isinstance(outcome, BaseException):
                 raise outcome
+
+    async def _release(self, pool: ThreadPoolExecutor, names: list[bytes]) -> None:
+        """End a split put's guard in a thread of ``pool``: its renames, unlinks and ``on_evict``.
+
+        The release runs to its end even when the awaiting task is
+        cancelled (the entries would stay protected otherwise); on the loop
+        only once the store was closed and ``pool`` takes no more jobs.
+        """
+        try:
+            job = pool.submit(self.store._release, names)
+        except RuntimeError:  # shut down by close
+            self.store._release(names)
+            return
+        await asyncio.shield(asyncio.wrap_future(job))
 
     async def batched_get(
         self,

@@ -277,7 +277,11 @@ class RangeCalls:
 
         Returns:
             Per key, True when its entry was read whole into its range,
-            False when there is no such entry (the range is then unchanged).
+            False when there is no such entry.  A range whose entry was
+            missing from the start is unchanged; one whose entry was read
+            but not accepted as is (another header, a torn or damaged read)
+            and then removed before the careful read found it holds
+            unspecified bytes.
 
         Raises:
             InvalidArgumentError: as :meth:`put_ranges` (nothing is read).

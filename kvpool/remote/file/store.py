@@ -372,26 +372,40 @@ class FileStore(ReadCalls, RemoteStore, RangeCalls):
         """Keep a batched put's entries from eviction while it runs (a bounded store).
 
         When it ends, the entries then over the bound are evicted and
-        reported in this thread.  :class:`~kvpool.remote.file.aio.AsyncFileStore`
-        guards the batches it splits the same way.
+        reported in this thread (:meth:`_protect`, :meth:`_release`).
+        """
+        names = self._protect(keys)
+        try:
+            yield
+        finally:
+            self._release(names)
+
+    def _protect(self, keys: Sequence[Key]) -> list[bytes]:
+        """Keep the entries of ``keys`` from eviction; their names, for :meth:`_release`.
+
+        :class:`~kvpool.remote.file.aio.AsyncFileStore` guards the batches
+        it splits this way, releasing them in a worker thread.
         """
         bound = self._bound
         if bound is None:
-            yield
-            return
+            return []
         names = []
         for key in keys:
             with contextlib.suppress(KVPoolError):  # a bad key fails its own pair
                 names.append(self._bname(key_bytes(key)))
         bound.protect(names)
+        return names
+
+    def _release(self, names: list[bytes]) -> None:
+        """End :meth:`_protect`: evict the entries then over the bound and report them, here."""
+        bound = self._bound
+        if bound is None:
+            return
         evicted: list[bytes] = []
         try:
-            yield
+            self._evictor.remove(bound.release(names), self._reuse, evicted)  # type: ignore[union-attr]
         finally:
-            try:
-                self._evictor.remove(bound.release(names), self._reuse, evicted)  # type: ignore[union-attr]
-            finally:
-                self._evictor.report(evicted)  # type: ignore[union-attr]
+            self._evictor.report(evicted)  # type: ignore[union-attr]
 
     def _bounds(self, keys: Sequence[Key], nbytes: int) -> list[tuple[int, int]]:
         """The parts a batch is split into: one without I/O threads or with a repeated key."""
