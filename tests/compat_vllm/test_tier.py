@@ -496,9 +496,9 @@ def test_shutdown_with_every_wait_taken_in_full_ends_under_its_bound(
         clock[0] += grace
         return jobs_stop(grace)
 
-    def stop_lookups(wait: float) -> Any:
+    def stop_lookups(wait: float) -> None:
         clock[0] += wait
-        return lookups_stop(wait)
+        lookups_stop(wait)
 
     def close_calls(close_store: Any, grace: float) -> int:
         clock[0] += max(grace, 0.0) + CLOSE_STORE_WAIT  # the grace, then the store's close

@@ -38,14 +38,12 @@ class StoreLookups(AsyncLookupManager):
         """Whether each key is in the store (run on the lookup thread)."""
         return self._check(list(keys))
 
-    def stop(self, wait: float) -> bool:
+    def stop(self, wait: float) -> None:
         """Stop the lookup thread, waiting at most ``wait`` seconds for a check in flight.
 
-        Returns:
-            True when the thread ended in time (a check still running ends on
-            its own, bounded by the store's deadline).
+        A check still running after ``wait`` ends on its own, bounded by the
+        store's deadline.
         """
         done = threading.Thread(target=self.shutdown, name="kvpool-vllm-lookup-stop", daemon=True)
         done.start()
         done.join(wait)
-        return not done.is_alive()

@@ -36,6 +36,7 @@ Keys: :mod:`kvpool.integrations.vllm.keys`.  Settings: :mod:`kvpool.integrations
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -59,7 +60,7 @@ from kvpool.errors import KVPoolError, RemoteStoreError
 from kvpool.integrations.shared.calls import CLOSE_STORE_WAIT, BlockingCalls
 from kvpool.integrations.shared.outage import OutageGate
 from kvpool.integrations.shared.report import Reporter, is_quiet
-from kvpool.integrations.shared.settings import open_settings_store
+from kvpool.integrations.shared.settings import StoreSettings, open_settings_store
 from kvpool.integrations.vllm.config import TierConfigError, read_tier_config
 from kvpool.integrations.vllm.jobs import JobRunner
 from kvpool.integrations.vllm.keys import chunk_key_space, offload_key_of
@@ -248,13 +249,18 @@ class KVPoolTier(SecondaryTierManager):
         self.medium = medium
         self.cache_hit_source = CacheHitSource.HOST if medium is Medium.CPU else CacheHitSource.DISK
 
-    def _store_options(self) -> dict[str, Any]:
-        """The store's options, plus the tier's eviction report where the store takes one."""
-        accepted = store_options(self.settings.url, asyncio=False)
-        extra: dict[str, Any] = {}
-        if "on_evict" in accepted and self.settings.options.get("max_bytes"):
-            extra["on_evict"] = self._evicted
-        return extra
+    def _store_settings(self) -> StoreSettings:
+        """The settings the store opens with: the tier's, and ``on_evict`` for a bounded store.
+
+        A store bounded by ``max_bytes`` that takes an eviction callback reports
+        its evictions to the tier (:meth:`_evicted`).
+        """
+        settings = self.settings
+        accepted = store_options(settings.url, asyncio=False)
+        if "on_evict" not in accepted or not settings.options.get("max_bytes"):
+            return settings
+        options = {**settings.options, "on_evict": self._evicted}
+        return dataclasses.replace(settings, options=options)
 
     def _open_store(self, at_start: bool = False) -> Any:
         """Open the store (once); an unreachable store is a warning at start-up, not an error.
@@ -267,15 +273,7 @@ class KVPoolTier(SecondaryTierManager):
             if self.store is not None:
                 return self.store
             started = _perf()
-            settings = self.settings
-            extra = self._store_options()
-            if extra:
-                settings = type(settings)(
-                    settings.instance,
-                    settings.url,
-                    {**settings.options, **extra},
-                    settings.prefix,
-                )
+            settings = self._store_settings()
             try:
                 store = open_settings_store(settings, self.label, TierConfigError, asyncio=False)
             except RemoteStoreError as exc:
@@ -375,10 +373,14 @@ class KVPoolTier(SecondaryTierManager):
             return LookupResult.HIT
         return LookupResult.MISS
 
+    def _names(self, keys: Iterable[bytes]) -> list[str]:
+        """The store keys of ``OffloadKey`` s."""
+        return [self.space.key(k.hex()) for k in keys]
+
     def _exists(self, keys: list[bytes]) -> list[bool]:
         """The lookup thread's check: one ``batched_exists``; all missing when it fails."""
         missing = [False] * len(keys)
-        names = [self.space.key(k.hex()) for k in keys]
+        names = self._names(keys)
         found = self._run_call("lookup", lambda store: store.batched_exists(names), missing)
         return list(found)
 
@@ -411,7 +413,7 @@ class KVPoolTier(SecondaryTierManager):
             moved = 0
             if fresh:
                 addresses = self.rows.addresses([chunk_ids[i] for i in fresh])
-                names = [self.space.key(keys[i].hex()) for i in fresh]
+                names = self._names([keys[i] for i in fresh])
                 moved = self._run_call(
                     "store", lambda store: self.transfers.store(store, names, addresses), None, True
                 )
@@ -429,7 +431,7 @@ class KVPoolTier(SecondaryTierManager):
     def _load_job(self, job_id: int, keys: list[bytes], chunk_ids: list[int]) -> _Done:
         started = _perf()
         addresses = self.rows.addresses(chunk_ids)
-        names = [self.space.key(k.hex()) for k in keys]
+        names = self._names(keys)
 
         def remove(name: str) -> None:
             key = offload_key_of(name, self.space)
