@@ -245,3 +245,15 @@ def test_large_calls_run_in_parts(tmp_path: Path) -> None:
         assert bytes(back.buffer) == bytes(rows.buffer)
         counts = store.counters.snapshot()
         assert counts["put_ranges"].calls == 1 and counts["get_ranges"].entries == 4
+
+
+def test_a_refused_keyword_is_counted_as_every_calls_error(tmp_path: Path) -> None:
+    with FileStore(tmp_path / "s") as store:
+        calls = {"get": ("k",), "put_ranges": ([], [], []), "get_ranges": ([], [], [])}
+        for name, args in calls.items():
+            with pytest.raises(ArgumentTypeError, match="unexpected keyword"):
+                getattr(store, name)(*args, bogus=1)
+        snap = store.counters.snapshot()
+        assert {name: snap[name].errors for name in calls} == {
+            name: {"ArgumentTypeError": 1} for name in calls
+        }

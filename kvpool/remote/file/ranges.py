@@ -44,8 +44,8 @@ from kvpool.formats import MemoryFormat
 from kvpool.native import entry as entry_calls
 from kvpool.native.loader import ffi
 from kvpool.remote.base import raise_first
-from kvpool.remote.counters import counted
 from kvpool.remote.file.careful import read_header
+from kvpool.remote.file.counting import counted_calls
 from kvpool.remote.file.direct import is_full_padded, padded
 from kvpool.remote.file.parts import run_parts
 from kvpool.remote.header import encode_header, is_full_entry, layout_for
@@ -126,7 +126,8 @@ def read_range(fd: int, address: int, nbytes: int, where: str) -> None:
         raise CorruptEntryError(f"{where}: payload CRC mismatch")
 
 
-# A mixin is no RefusesUnknownKeywords subclass: guarded here, where its methods are defined.
+# A mixin is no RefusesUnknownKeywords subclass: guarded and counted here (counting.py).
+@counted_calls("put_ranges", "get_ranges")
 @refuse_unknown_keywords
 class RangeCalls:
     """``register_memory``, ``unregister_memory``, ``put_ranges``, ``get_ranges`` of a FileStore.
@@ -192,7 +193,6 @@ class RangeCalls:
         """
         self._registered.remove(memory, f"unregister_memory on {self!r}")
 
-    @counted("put_ranges")
     def put_ranges(
         self, keys: Sequence[Any], addresses: Sequence[int], sizes: Sequence[int]
     ) -> None:
@@ -258,7 +258,6 @@ class RangeCalls:
                 self._evictor.report(evicted)
         return results
 
-    @counted("get_ranges")
     def get_ranges(
         self, keys: Sequence[Any], addresses: Sequence[int], sizes: Sequence[int]
     ) -> list[bool]:

@@ -33,8 +33,8 @@ from kvpool.native import entry as entry_calls
 from kvpool.pool.interface import MemoryAllocatorInterface
 from kvpool.pool.objects import MemoryObj
 from kvpool.remote.base import Key, get_request, key_bytes, key_list
-from kvpool.remote.counters import counted_method
 from kvpool.remote.file.careful import read_entry
+from kvpool.remote.file.counting import counted_calls
 from kvpool.remote.file.direct import ALIGN, is_full_padded
 from kvpool.remote.file.io import open_entry
 from kvpool.remote.file.parts import run_parts
@@ -47,24 +47,8 @@ __all__ = ["ReadCalls"]
 _CAREFUL = object()
 
 
-def _counted(*ops: str) -> Callable[[type], type]:
-    """Count the class's ``ops`` in the store's counters, around their keyword guard.
-
-    RemoteStore counts a store's own operations this way (a refused
-    keyword is an error of the call); a mixin's are counted here, where
-    they are defined.
-    """
-
-    def count(cls: type) -> type:
-        for op in ops:
-            setattr(cls, op, counted_method(op, vars(cls)[op]))
-        return cls
-
-    return count
-
-
-# A mixin is no RefusesUnknownKeywords subclass: guarded here, where its methods are defined.
-@_counted("get", "batched_get")
+# A mixin is no RefusesUnknownKeywords subclass: guarded and counted here (counting.py).
+@counted_calls("get", "batched_get")
 @refuse_unknown_keywords
 class ReadCalls:
     """``get`` and ``batched_get`` of a FileStore, and the reads they stand on.
