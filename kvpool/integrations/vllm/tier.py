@@ -346,7 +346,7 @@ class KVPoolTier(SecondaryTierManager):
         return value
 
     def _outage(self) -> None:
-        """A call failed for the store's sake: close the gate, count a new outage."""
+        """A call failed (not a normal event): close the gate, count a new outage."""
         if not self.gate.down:
             self.tally.add("kvpool:vllm_tier_outages")
         self.gate.failed()
