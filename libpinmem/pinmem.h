@@ -721,8 +721,10 @@ PINMEM_API int pinmem_entry_read(const char *path, void *header, size_t header_l
                                  uint64_t *nread, pinmem_entry_stamp *stamp);
 
 /* Evict the entry at path if it is still the file expected describes
- * (inode, mtime and size, as a write's or a stat's stamp gave them): the
- * file is renamed to temp (a new name), checked there, then unlinked - or,
+ * (inode, mtime and size, as a write's or a stat's stamp gave them): a file
+ * already another is left alone (stat first: no rename, so another process
+ * never sees its entry vanish for a moment); else the file is renamed to
+ * temp (a new name), checked there again, then unlinked - or,
  * with PINMEM_ENTRY_KEEP, left at temp as a spare.  A file written since
  * (by another process) goes back under path with
  * renameat2(RENAME_NOREPLACE), or is dropped if a newer one took the name

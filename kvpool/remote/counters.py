@@ -40,6 +40,7 @@ __all__ = [
     "OpCounts",
     "StoreCounters",
     "counted",
+    "counted_calls",
     "counted_method",
 ]
 
@@ -409,3 +410,21 @@ def counted_method(op: str, fn: Callable[..., Any]) -> Callable[..., Any]:
 def counted(op: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator form of :func:`counted_method` (for the base's own batched forms)."""
     return functools.partial(counted_method, op)
+
+
+def counted_calls(*ops: str) -> Callable[[type], type]:
+    """A class decorator counting the class's ``ops`` (:func:`counted_method`).
+
+    For a mixin that holds a store's calls but is no
+    :class:`~kvpool.remote.base.RemoteStore` subclass (which wraps its own
+    operations when the class is defined): applied above the mixin's
+    keyword guard, so a refused keyword is an error of the call, counted
+    once, as the base counts it.
+    """
+
+    def count(cls: type) -> type:
+        for op in ops:
+            setattr(cls, op, counted_method(op, vars(cls)[op]))
+        return cls
+
+    return count

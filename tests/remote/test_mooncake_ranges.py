@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 
-from kvpool.errors import CorruptEntryError, InvalidArgumentError
+from kvpool.errors import ArgumentTypeError, CorruptEntryError, InvalidArgumentError
 from kvpool.remote import MooncakeStore
 
 from .conftest import KV_DTYPE, KV_FMT, KV_SHAPE
@@ -123,9 +123,12 @@ def test_what_ranges_refuse(mooncake_client: Any) -> None:
             store.put_ranges(["x"], [buf.data_ptr()], [0])
         with pytest.raises(InvalidArgumentError, match="2 keys, 1 addresses and 1 sizes"):
             store.get_ranges(["x", "y"], [buf.data_ptr()], [SIZE])
+        for call in (store.put_ranges, store.get_ranges):  # a refused keyword: counted too
+            with pytest.raises(ArgumentTypeError, match="unexpected keyword"):
+                call(["x"], [buf.data_ptr()], [SIZE], bogus=1)
         assert store.batched_exists(["x", "y"]) == [False, False]  # nothing was stored
         snap = store.counters.snapshot()
-        assert snap["put_ranges"].errors == {"InvalidArgumentError": 3}
-        assert snap["get_ranges"].errors == {"InvalidArgumentError": 1}
+        assert snap["put_ranges"].errors == {"InvalidArgumentError": 3, "ArgumentTypeError": 1}
+        assert snap["get_ranges"].errors == {"InvalidArgumentError": 1, "ArgumentTypeError": 1}
     with pytest.raises(Exception, match="closed"):
         store.put_ranges(["x"], [buf.data_ptr()], [SIZE])

@@ -44,8 +44,8 @@ from kvpool.formats import MemoryFormat
 from kvpool.native import entry as entry_calls
 from kvpool.native.loader import ffi
 from kvpool.remote.base import raise_first
+from kvpool.remote.counters import counted_calls
 from kvpool.remote.file.careful import read_header
-from kvpool.remote.file.counting import counted_calls
 from kvpool.remote.file.direct import is_full_padded, padded
 from kvpool.remote.file.parts import run_parts
 from kvpool.remote.header import encode_header, is_full_entry, layout_for
@@ -126,7 +126,7 @@ def read_range(fd: int, address: int, nbytes: int, where: str) -> None:
         raise CorruptEntryError(f"{where}: payload CRC mismatch")
 
 
-# A mixin is no RefusesUnknownKeywords subclass: guarded and counted here (counting.py).
+# A mixin is no RefusesUnknownKeywords subclass: guarded and counted here (counted_calls).
 @counted_calls("put_ranges", "get_ranges")
 @refuse_unknown_keywords
 class RangeCalls:

@@ -33,8 +33,8 @@ from kvpool.native import entry as entry_calls
 from kvpool.pool.interface import MemoryAllocatorInterface
 from kvpool.pool.objects import MemoryObj
 from kvpool.remote.base import Key, get_request, key_bytes, key_list
+from kvpool.remote.counters import counted_calls
 from kvpool.remote.file.careful import read_entry
-from kvpool.remote.file.counting import counted_calls
 from kvpool.remote.file.direct import ALIGN, is_full_padded
 from kvpool.remote.file.io import open_entry
 from kvpool.remote.file.parts import run_parts
@@ -47,7 +47,7 @@ __all__ = ["ReadCalls"]
 _CAREFUL = object()
 
 
-# A mixin is no RefusesUnknownKeywords subclass: guarded and counted here (counting.py).
+# A mixin is no RefusesUnknownKeywords subclass: guarded and counted here (counted_calls).
 @counted_calls("get", "batched_get")
 @refuse_unknown_keywords
 class ReadCalls:

@@ -34,7 +34,7 @@ from typing import Any
 import kvpool.remote.mooncake.codes as codes
 from kvpool.checks import refuse_unknown_keywords
 from kvpool.errors import CorruptEntryError, InvalidArgumentError
-from kvpool.remote.counters import counted
+from kvpool.remote.counters import counted_calls
 from kvpool.remote.mooncake.ops import Entry, rounds, write_entries
 from kvpool.remote.ranges import Range, checked_ranges
 
@@ -43,7 +43,9 @@ __all__ = ["RangeCalls"]
 _NO_HEADER = memoryview(b"")
 
 
-# A mixin is no RefusesUnknownKeywords subclass: guarded here, where its methods are defined.
+# A mixin is no RefusesUnknownKeywords subclass: guarded here, where its methods are
+# defined, and counted around the guard (a refused keyword is an error of the call).
+@counted_calls("put_ranges", "get_ranges")
 @refuse_unknown_keywords
 class RangeCalls:
     """``put_ranges`` and ``get_ranges`` of a headerless MooncakeStore (see the module docstring).
@@ -89,7 +91,6 @@ class RangeCalls:
             self._check_open,
         )
 
-    @counted("put_ranges")
     def put_ranges(
         self, keys: Sequence[Any], addresses: Sequence[int], sizes: Sequence[int]
     ) -> None:
@@ -138,7 +139,6 @@ class RangeCalls:
                 first.add_note(f"{len(errors) - 1} more entr(ies) of the batch failed")
             raise first
 
-    @counted("get_ranges")
     def get_ranges(
         self, keys: Sequence[Any], addresses: Sequence[int], sizes: Sequence[int]
     ) -> list[bool]:

@@ -278,7 +278,7 @@ class MooncakeStore(RemoteStore, RangeCalls):
         return self._regions.registered()
 
     def register_memory(self, memory: Any, nbytes: int | None = None) -> tuple[int, int]:
-        """Register a long-lived host range (a CPU tensor, or an address) with Mooncake once.
+        """Register a long-lived host range (a CPU tensor, a writable buffer or an address) once.
 
         Objects inside it then skip the per-call register/unregister that memory of an
         allocator without ``memory_region()`` (e.g. LMCache's) pays; :meth:`close` drops
