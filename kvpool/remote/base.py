@@ -32,7 +32,7 @@ from kvpool.errors import (
 from kvpool.formats import MemoryFormat, normalize_layout
 from kvpool.pool.interface import MemoryAllocatorInterface
 from kvpool.pool.objects import MemoryObj
-from kvpool.remote.counters import OPERATIONS, StoreCounters, counted, counted_method
+from kvpool.remote.counters import OPERATIONS, StoreCounters, counted_calls, counted_method
 from kvpool.remote.header import (
     EntryInfo,
     Layout,
@@ -245,6 +245,9 @@ def live_stores() -> list[RemoteStore]:
         return [s for s in _stores if not s.closed]
 
 
+# Counted around the keyword guard the class gets when it is made, as a subclass's own
+# operations are (__init_subclass__): a refused keyword is an error of the call.
+@counted_calls("batched_put", "batched_get", "batched_exists", "batched_delete")
 class RemoteStore(RefusesUnknownKeywords, metaclass=abc.ABCMeta):
     """A key/value store of memory objects: files, Redis/Valkey...
 
@@ -416,7 +419,6 @@ class RemoteStore(RefusesUnknownKeywords, metaclass=abc.ABCMeta):
 
     # -- batched forms -----------------------------------------------
 
-    @counted("batched_put")
     def batched_put(self, keys: Sequence[Key], memory_objs: Sequence[MemoryObj]) -> None:
         """Store each object under its key (``put`` for each pair).
 
@@ -435,7 +437,6 @@ class RemoteStore(RefusesUnknownKeywords, metaclass=abc.ABCMeta):
         results = self._map(lambda pair: self.put(*pair), list(zip(keys, memory_objs, strict=True)))
         raise_first(results)
 
-    @counted("batched_get")
     def batched_get(
         self,
         keys: Sequence[Key],
@@ -464,7 +465,6 @@ class RemoteStore(RefusesUnknownKeywords, metaclass=abc.ABCMeta):
             raise_first(results)
         return results  # type: ignore[return-value]
 
-    @counted("batched_exists")
     def batched_exists(self, keys: Sequence[Key]) -> list[bool]:
         """``exists`` for each key, in order.
 
@@ -474,7 +474,6 @@ class RemoteStore(RefusesUnknownKeywords, metaclass=abc.ABCMeta):
         self._check_open()
         return [self.exists(k) for k in keys]
 
-    @counted("batched_delete")
     def batched_delete(self, keys: Sequence[Key]) -> int:
         """``delete`` each key; returns how many entries were removed.
 

@@ -39,7 +39,6 @@ __all__ = [
     "OPERATIONS",
     "OpCounts",
     "StoreCounters",
-    "counted",
     "counted_calls",
     "counted_method",
 ]
@@ -405,11 +404,6 @@ def counted_method(op: str, fn: Callable[..., Any]) -> Callable[..., Any]:
 
     call._kvpool_counted = True  # type: ignore[attr-defined]
     return call
-
-
-def counted(op: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Decorator form of :func:`counted_method` (for the base's own batched forms)."""
-    return functools.partial(counted_method, op)
 
 
 def counted_calls(*ops: str) -> Callable[[type], type]:

@@ -90,6 +90,35 @@ def test_errors_are_counted_by_type(tmp_path: Path, pool: kvpool.TensorMemoryAll
         obj.ref_count_down()
 
 
+def test_every_store_counts_a_refused_keyword_once_on_each_call(
+    store: RemoteStore, pool: kvpool.TensorMemoryAllocator
+) -> None:
+    obj = _objs(pool, 1)[0]
+    calls = {
+        "put": ("k", obj),
+        "get": ("k", pool),
+        "exists": ("k",),
+        "delete": ("k",),
+        "head": ("k",),
+        "batched_put": (["k"], [obj]),
+        "batched_get": (["k"], pool),
+        "batched_exists": (["k"],),
+        "batched_delete": (["k"],),
+        "delete_prefix": ("k",),
+    }
+    assert set(calls) == set(OPERATIONS)
+    try:
+        for name, args in calls.items():
+            with pytest.raises(kvpool.ArgumentTypeError, match="unexpected keyword"):
+                getattr(store, name)(*args, bogus=1)
+    finally:
+        obj.ref_count_down()
+    snap = store.counters.snapshot()
+    assert {name: snap[name].errors for name in calls} == {
+        name: {"ArgumentTypeError": 1} for name in calls
+    }
+
+
 def test_a_subclass_calling_super_counts_once(
     tmp_path: Path, pool: kvpool.TensorMemoryAllocator
 ) -> None:
