@@ -36,6 +36,12 @@ def missing_parent(tmp: Path) -> tuple[str, str]:
     return f"file://{parent / 'x'}", f"the parent '{parent}'"
 
 
+def unmakeable(tmp: Path) -> tuple[str, str]:
+    """A directory spec no process can create (a name longer than any file system takes),
+    and what its refusal must say: a configuration error, never an outage to retry."""
+    return str(tmp / ("k" * 300)), "give a directory this process may create"
+
+
 def created_anything(where: Path) -> list[str]:
     """What exists under ``where`` (a refused spec must leave it empty)."""
     return sorted(str(p.relative_to(where)) for p in where.rglob("*"))

@@ -21,7 +21,7 @@ from pathlib import Path
 import plugin_cases as cases
 import pytest
 from conftest import REPO
-from store_url_cases import BAD_IDS, BAD_SPECS, missing_parent
+from store_url_cases import BAD_IDS, BAD_SPECS, missing_parent, unmakeable
 
 from kvpool.integrations.lmcache.remote import (
     KVPoolConnectorAdapter,
@@ -184,6 +184,11 @@ def test_a_directory_with_a_missing_parent_is_refused(tmp_path: Path) -> None:
     message = refusal(cases.config_text(url), tmp_path)
     assert fix in message and "make_parents" in message
     assert not (tmp_path / "no-such-parent").exists()
+
+
+def test_a_directory_that_cannot_be_made_is_refused_not_retried(tmp_path: Path) -> None:
+    url, fix = unmakeable(tmp_path)
+    assert fix in refusal(cases.config_text(url), tmp_path)
 
 
 def test_a_password_in_an_option_value_is_never_shown(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import torch
-from store_url_cases import BAD_IDS, BAD_SPECS, created_anything, missing_parent
+from store_url_cases import BAD_IDS, BAD_SPECS, created_anything, missing_parent, unmakeable
 
 from .conftest import load_backend, mha_pool, mla_pool, storage_config
 
@@ -181,6 +181,14 @@ def test_a_directory_with_a_missing_parent_stops_the_attach(tmp_path) -> None:
         load_backend(storage_config(url), mha_pool("page_first"))
     assert fix in str(info.value) and "make_parents" in str(info.value)
     assert created_anything(tmp_path) == []
+
+
+def test_a_directory_that_cannot_be_made_stops_the_attach(tmp_path) -> None:
+    from kvpool.integrations.sglang import HiCacheConfigError
+
+    url, fix = unmakeable(tmp_path)
+    with pytest.raises(HiCacheConfigError, match=fix):
+        load_backend(storage_config(url), mha_pool("page_first"))
 
 
 def test_a_layout_kvpool_cannot_address_is_refused_at_registration(tmp_path) -> None:

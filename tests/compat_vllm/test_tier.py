@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from store_url_cases import BAD_IDS, BAD_SPECS, created_anything, missing_parent
+from store_url_cases import BAD_IDS, BAD_SPECS, created_anything, missing_parent, unmakeable
 
 from .conftest import kvpool_tier
 
@@ -100,6 +100,12 @@ def test_a_directory_whose_parent_is_missing_stops_start_up(engines: Any, tmp_pa
     message = refusal(engines, [kvpool_tier(url)])
     assert fix in message and "make_parents" in message
     assert created_anything(tmp_path) == []
+
+
+def test_a_directory_that_cannot_be_made_stops_start_up(engines: Any, tmp_path: Path) -> None:
+    # Not an outage: retried every second, it would never stop vLLM's start-up.
+    url, fix = unmakeable(tmp_path)
+    assert fix in refusal(engines, [kvpool_tier(url)])
 
 
 @pytest.mark.parametrize(
