@@ -39,19 +39,17 @@ little without it.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import os
 import statistics
 import sys
 import tempfile
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from kvpool.cli.bench import needs
 from kvpool.cli.bench.core import Benchmark, Case, Lack, Metric, Settings, SkipBenchmark
 from kvpool.cli.bench.interleaved import interleaved_variants
+from kvpool.cli.bench.pairs import finish, pair_names, positive_int, run_rounds
 
 __all__ = ["DEFAULT_PAGES", "DEFAULT_ROUNDS", "PAIRS", "Harness", "kvpool_benchmark", "main"]
 
@@ -257,60 +255,31 @@ def format_report(result: dict[str, Any]) -> str:
 def run(only: list[str], pages: int, rounds: int, disk_dir: str | None) -> dict[str, Any]:
     """Start the pairs, measure, stop them; the result as :func:`format_report` reads it."""
     version = require_sglang()
-    load = [os.getloadavg()]
     harness = Harness(only, pages, disk_dir)
-    try:
-        samples = harness.measure(rounds)
-        load.append(os.getloadavg())
-        return {
-            "sglang": version,
-            "rounds": rounds,
-            "load": [" ".join(f"{x:.2f}" for x in avg) for avg in load],
-            "info": harness.info,
-            "pairs": summarize(harness, samples),
-            "samples": samples,
-            "errors": harness.errors,
-        }
-    finally:
-        harness.close()
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _pairs(text: str) -> list[str]:
-    names = [n for n in text.split(",") if n]
-    unknown = [n for n in names if n not in PAIRS]
-    if unknown or not names:
-        raise argparse.ArgumentTypeError(f"choose from {','.join(PAIRS)}, got {text!r}")
-    return names
+    return run_rounds(harness, rounds, ("sglang", version), summarize)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Command line; 0 when every pair asked for was measured, 1 otherwise, 2 without SGLang."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=_positive, default=DEFAULT_ROUNDS)
-    parser.add_argument("--pages", type=_positive, default=DEFAULT_PAGES)
-    parser.add_argument("--only", type=_pairs, default=list(PAIRS), metavar="PAIR[,PAIR]")
+    parser.add_argument("--rounds", type=positive_int, default=DEFAULT_ROUNDS)
+    parser.add_argument("--pages", type=positive_int, default=DEFAULT_PAGES)
+    parser.add_argument(
+        "--only", type=pair_names(PAIRS), default=list(PAIRS), metavar="PAIR[,PAIR]"
+    )
     parser.add_argument(
         "--disk-dir", default=None, help=f"file_disk's folder (default {tempfile.gettempdir()})"
     )
     parser.add_argument("--json", metavar="PATH", help="also write every round's figures")
     args = parser.parse_args(argv)
     logging.disable(logging.WARNING)  # SGLang's and Mooncake's start-up chatter
-    try:
-        result = run(args.only, args.pages, args.rounds, args.disk_dir)
-    except SkipBenchmark as exc:
-        print(f"sglang_hicache cannot run here: {exc}", file=sys.stderr)
-        return 2
-    print(format_report(result))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-    return 0 if set(result["pairs"]) == set(args.only) else 1
+    return finish(
+        "sglang_hicache",
+        lambda: run(args.only, args.pages, args.rounds, args.disk_dir),
+        format_report,
+        args.json,
+        set(args.only),
+    )
 
 
 # -- kvpool bench -------------------------------------------------------------

@@ -37,11 +37,12 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from kvpool.cli.bench.pairs import Contender, Pair
 
 __all__ = [
     "PAGE",
@@ -133,23 +134,6 @@ class Pages:
         pool = self.pool
         if not torch.equal(pool.kv_buffer[:, self.dst], pool.kv_buffer[:, self.src]):
             raise RuntimeError(f"{who}: the pages read back differ from the pages written")
-
-
-class Contender:
-    """One way of moving a round's pages: :meth:`round` returns (set, get) seconds.
-
-    Attributes:
-        label: how the report names it.
-    """
-
-    label = "?"
-
-    def round(self, pages: Pages, keys: list[str]) -> tuple[float, float]:
-        """Write ``keys``' pages from ``pages.src``, read them into ``pages.dst``; the two times."""
-        raise NotImplementedError
-
-    def close(self) -> None:
-        """Release what it holds (idempotent)."""
 
 
 class Backend(Contender):
@@ -351,40 +335,6 @@ class RedisBenchmark(Contender):
             self._rate("set", size, 8 * entries, entries, 1)  # the keys the GETs read (untimed)
             best["get"] = max(best["get"], self._net_rate("get", size, requests, entries, pipeline))
         return entries / best["set"], entries / best["get"]
-
-
-@dataclass
-class Pair:
-    """kvpool's contender, the one it is compared with, bounds, and the emptying between rounds.
-
-    Attributes:
-        name: the report's row.
-        kvpool: kvpool's contender.
-        other: the contender compared with (SGLang's backend, redis-benchmark).
-        where: what the pair runs on (for the report).
-        bounds: contenders shown as bounds (no ratio to beat).
-        empty: called after every round (untimed).
-        stop: called once at the end.
-    """
-
-    name: str
-    kvpool: Contender
-    other: Contender
-    where: str
-    bounds: list[Contender] = field(default_factory=list)
-    empty: Callable[[], None] = lambda: None
-    stop: list[Callable[[], None]] = field(default_factory=list)
-
-    def contenders(self) -> list[Contender]:
-        """Every contender: kvpool's, the other, the bounds."""
-        return [self.kvpool, self.other, *self.bounds]
-
-    def close(self) -> None:
-        """Close the contenders and stop the servers (idempotent)."""
-        for c in self.contenders():
-            c.close()
-        while self.stop:
-            self.stop.pop()()
 
 
 def kvpool_backend(url: str) -> Any:

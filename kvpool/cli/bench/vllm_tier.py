@@ -37,7 +37,7 @@ tier runs its Python I/O path, and the report says so.
 Rounds interleave every contender of every pair (the order rotating from
 round to round); each round's store starts empty (after every round, untimed,
 the keys are deleted, the files removed on tmpfs and moved aside on a disk,
-see :class:`~kvpool.cli.bench.vllm_tier_pairs.Pair`); the first round is a
+see :class:`~kvpool.cli.bench.pairs.Pair`); the first round is a
 warm-up.  A ratio is the other contender's seconds over kvpool's (> 1: kvpool
 is faster), per round; the report gives the median of the rounds' ratios and
 their spread (min-max), and the median GB/s of each side.  The load average
@@ -49,7 +49,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import statistics
 import sys
 from collections.abc import Callable
@@ -68,6 +67,7 @@ from kvpool.cli.bench.core import (
     SkipBenchmark,
 )
 from kvpool.cli.bench.interleaved import interleaved_variants
+from kvpool.cli.bench.pairs import finish, pair_names, positive_int, run_rounds
 
 __all__ = [
     "DEFAULT_JOB_CHUNKS",
@@ -350,37 +350,8 @@ def run(
 ) -> dict[str, Any]:
     """Start the pairs, measure, stop them; the result as :func:`format_report` reads it."""
     version = require_vllm()
-    load = [os.getloadavg()]
     harness = Harness(only, sizes, round_bytes, job_chunks, disk_dir, options=options)
-    try:
-        samples = harness.measure(rounds)
-        load.append(os.getloadavg())
-        return {
-            "vllm": version,
-            "rounds": rounds,
-            "load": [" ".join(f"{x:.2f}" for x in avg) for avg in load],
-            "info": harness.info,
-            "pairs": summarize(harness, samples),
-            "samples": samples,
-            "errors": harness.errors,
-        }
-    finally:
-        harness.close()
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _pairs(text: str) -> list[str]:
-    names = [n for n in text.split(",") if n]
-    unknown = [n for n in names if n not in PAIRS]
-    if unknown or not names:
-        raise argparse.ArgumentTypeError(f"choose from {','.join(PAIRS)}, got {text!r}")
-    return names
+    return run_rounds(harness, rounds, ("vllm", version), summarize)
 
 
 def _size(text: str) -> int:
@@ -417,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     from kvpool.cli.args import size_arg
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=_positive, default=DEFAULT_ROUNDS)
+    parser.add_argument("--rounds", type=positive_int, default=DEFAULT_ROUNDS)
     parser.add_argument(
         "--sizes",
         type=_sizes,
@@ -434,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--job-chunks",
-        type=_positive,
+        type=positive_int,
         default=DEFAULT_JOB_CHUNKS,
         metavar="N",
         help=f"chunks per job (default {DEFAULT_JOB_CHUNKS})",
@@ -447,7 +418,9 @@ def main(argv: list[str] | None = None) -> int:
         metavar="KEY=VALUE",
         help="another key of kvpool's tier entry, e.g. threads=16 or io_threads=2 (repeatable)",
     )
-    parser.add_argument("--only", type=_pairs, default=list(PAIRS), metavar="PAIR[,PAIR]")
+    parser.add_argument(
+        "--only", type=pair_names(PAIRS), default=list(PAIRS), metavar="PAIR[,PAIR]"
+    )
     parser.add_argument(
         "--disk-dir",
         default=DEFAULT_DISK_DIR,
@@ -458,24 +431,22 @@ def main(argv: list[str] | None = None) -> int:
     if any(size > args.round_bytes for size in args.sizes):
         parser.error(f"--round-bytes {args.round_bytes} is smaller than a chunk of --sizes")
     logging.disable(logging.WARNING)  # vLLM's start-up chatter
-    try:
-        result = run(
+    options = dict(args.kvpool_option)
+    return finish(
+        "vllm_tier",
+        lambda: run(
             args.only,
             args.sizes,
             args.rounds,
             args.round_bytes,
             args.job_chunks,
             args.disk_dir,
-            dict(args.kvpool_option),
-        )
-    except SkipBenchmark as exc:
-        print(f"vllm_tier cannot run here: {exc}", file=sys.stderr)
-        return 2
-    print(format_report(result))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-    asked = {f"{n}/{size_label(s)}" for n in args.only for s in args.sizes}
-    return 0 if set(result["pairs"]) == asked else 1
+            options,
+        ),
+        format_report,
+        args.json,
+        {f"{n}/{size_label(s)}" for n in args.only for s in args.sizes},
+    )
 
 
 # -- kvpool bench -------------------------------------------------------------

@@ -39,11 +39,12 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from kvpool.cli.bench.pairs import Contender, Pair
 
 __all__ = [
     "BareFiles",
@@ -179,26 +180,6 @@ class Rows:
             self.view.release()
             self.view = None
             self.region.cleanup()
-
-
-class Contender:
-    """One way of moving a round's chunks: :meth:`round` returns (store, load) seconds.
-
-    Attributes:
-        label: how the report names it.
-    """
-
-    label = "?"
-    #: Per round, the process's CPU seconds of the store and of the load (all its
-    #: threads), for a contender whose work runs in this process; else empty.
-    cpu: list[tuple[float, float]]
-
-    def round(self, rows: Rows, keys: list[bytes]) -> tuple[float, float]:
-        """Store ``keys``' chunks from ``rows.src``, load them into ``rows.dst``; the two times."""
-        raise NotImplementedError
-
-    def close(self) -> None:
-        """Release what it holds (idempotent)."""
 
 
 class Tier(Contender):
@@ -366,41 +347,6 @@ class RedisAnchor(Contender):
     def round(self, rows: Rows, keys: list[bytes]) -> tuple[float, float]:
         """The seconds SET and GET of the round's chunks take at redis-benchmark's best."""
         return self.bench.seconds(len(keys), rows.row_bytes)  # type: ignore[no-any-return]
-
-
-@dataclass
-class Pair:
-    """kvpool's contender, the one it is compared with, bounds, and the emptying between rounds.
-
-    Attributes:
-        name: the report's row (the pair and the chunk size).
-        kvpool: kvpool's contender.
-        other: the contender compared with (vLLM's tier, redis-benchmark).
-        where: what the pair runs on (for the report).
-        bounds: contenders shown as bounds (no ratio to beat); the first is the
-            one in the pair's I/O mode.
-        empty: called after every round (untimed).
-        stop: called once at the end.
-    """
-
-    name: str
-    kvpool: Contender
-    other: Contender
-    where: str
-    bounds: list[Contender] = field(default_factory=list)
-    empty: Callable[[], None] = lambda: None
-    stop: list[Callable[[], None]] = field(default_factory=list)
-
-    def contenders(self) -> list[Contender]:
-        """Every contender: kvpool's, the other, the bounds."""
-        return [self.kvpool, self.other, *self.bounds]
-
-    def close(self) -> None:
-        """Close the contenders and stop the servers (idempotent)."""
-        for c in self.contenders():
-            c.close()
-        while self.stop:
-            self.stop.pop()()
 
 
 def kvpool_entry(url: str, **options: Any) -> dict[str, Any]:
