@@ -16,8 +16,6 @@ cluster and Mooncake starters), stopped after the session.
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import shutil
 import socket
 import subprocess
@@ -27,27 +25,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from compat_gate import engine_here, env_flag
 from compat_servers import mooncake, redis_cluster  # noqa: F401 (fixtures)
 
-REPO = Path(__file__).resolve().parents[2]
-REQUIRE = os.environ.get("KVPOOL_REQUIRE_SGLANG", "").strip().lower() in ("1", "true", "yes")
-REQUIRE_REDIS = os.environ.get("KVPOOL_REQUIRE_REDIS", "").strip().lower() in ("1", "true", "yes")
+REQUIRE_REDIS = env_flag("KVPOOL_REQUIRE_REDIS")
 
-if importlib.util.find_spec("sglang") is None:
-    if REQUIRE:
-        raise pytest.UsageError(
-            "KVPOOL_REQUIRE_SGLANG is set but sglang is not installed in this interpreter; "
-            "run `make compat`"
-        )
+if not engine_here("sglang", "KVPOOL_REQUIRE_SGLANG"):
     collect_ignore_glob = ["*"]
-else:
-    import kvpool
-
-    if REPO not in Path(kvpool.__file__).resolve().parents:
-        raise pytest.UsageError(
-            f"kvpool was imported from {kvpool.__file__}, not from the checkout under test "
-            f"({REPO}); run pytest from the repository root with `python -m pytest`"
-        )
 
 
 # -- SGLang's host pools and its factory ----------------------------------

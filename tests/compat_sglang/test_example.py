@@ -8,8 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from compat_gate import REPO
 
-from .conftest import REPO, RedisServer
+from .conftest import RedisServer
 
 EXAMPLE = REPO / "examples" / "sglang_hicache_backend.py"
 FAULTS = ("Traceback", "Error", "freed while views", "LeakedHandleWarning")

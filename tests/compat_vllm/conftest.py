@@ -1,7 +1,8 @@
 """vLLM 0.33.0's own tiering offload manager on a CPU: the vLLM compatibility suite's setup.
 
 This folder runs in an environment that has ``vllm==0.33.0`` (``make
-compat`` builds and caches one from ``tests/compat/requirements-vllm033.txt``,
+compat`` builds and caches one from the list ``kvpool install-vllm`` installs,
+``kvpool/integrations/vllm/requirements-vllm033.txt``;
 see ``tests/compat/make_venv.py``).  Where vLLM is not installed the folder
 is not collected; ``KVPOOL_REQUIRE_VLLM=1`` (set by ``make compat``) makes
 that an error.  The kvpool imported must be this checkout's.
@@ -22,7 +23,6 @@ loopback (tests/remote's starters), stopped after the session.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import tempfile
@@ -32,26 +32,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from compat_gate import engine_here
 from compat_servers import mooncake, redis_cluster  # noqa: F401 (fixtures)
 
-REPO = Path(__file__).resolve().parents[2]
-REQUIRE = os.environ.get("KVPOOL_REQUIRE_VLLM", "").strip().lower() in ("1", "true", "yes")
-
-if importlib.util.find_spec("vllm") is None:
-    if REQUIRE:
-        raise pytest.UsageError(
-            "KVPOOL_REQUIRE_VLLM is set but vllm is not installed in this interpreter; "
-            "run `make compat`"
-        )
+if not engine_here("vllm", "KVPOOL_REQUIRE_VLLM"):
     collect_ignore_glob = ["*"]
 else:
-    import kvpool
-
-    if REPO not in Path(kvpool.__file__).resolve().parents:
-        raise pytest.UsageError(
-            f"kvpool was imported from {kvpool.__file__}, not from the checkout under test "
-            f"({REPO}); run pytest from the repository root with `python -m pytest`"
-        )
     # Read by vLLM and huggingface_hub when they are imported: set first.
     _HF_HOME = Path(tempfile.mkdtemp(prefix="kvpool-vllm-hf-"))
     os.environ["HF_HOME"] = str(_HF_HOME)

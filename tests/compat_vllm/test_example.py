@@ -7,8 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from .conftest import REPO
+from compat_gate import REPO
 
 EXAMPLE = REPO / "examples" / "vllm_tier.py"
 
