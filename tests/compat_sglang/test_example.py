@@ -4,28 +4,19 @@ from __future__ import annotations
 
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from compat_gate import REPO
+from compat_gate import run_example as run_checkout_example
 
 from .conftest import RedisServer
 
-EXAMPLE = REPO / "examples" / "sglang_hicache_backend.py"
 FAULTS = ("Traceback", "Error", "freed while views", "LeakedHandleWarning")
 
 
 def run_example(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    """The example in a process of its own, in ``cwd``, on this checkout's kvpool."""
-    return subprocess.run(
-        [sys.executable, str(EXAMPLE), *args],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        cwd=str(cwd),
-        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
-    )
+    """The example (see :func:`compat_gate.run_example`)."""
+    return run_checkout_example("sglang_hicache_backend.py", args, cwd)
 
 
 def dbsize(port: int) -> int:

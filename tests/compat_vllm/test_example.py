@@ -3,25 +3,15 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from compat_gate import REPO
-
-EXAMPLE = REPO / "examples" / "vllm_tier.py"
+from compat_gate import run_example as run_checkout_example
 
 
 def run_example(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    """The example in a process of its own, in ``cwd``, on this checkout's kvpool."""
-    return subprocess.run(
-        [sys.executable, str(EXAMPLE), *args],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        cwd=str(cwd),
-        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "VLLM_TARGET_DEVICE": "cpu"},
-    )
+    """The example on vLLM's CPU platform (see :func:`compat_gate.run_example`)."""
+    return run_checkout_example("vllm_tier.py", args, cwd, {"VLLM_TARGET_DEVICE": "cpu"})
 
 
 @pytest.mark.parametrize("where", ["directory", "redis"])
