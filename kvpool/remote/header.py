@@ -454,14 +454,18 @@ def decode_header(buf: bytes | bytearray | memoryview, where: str) -> EntryInfo:
     )
 
 
-def matches(buf: bytes | bytearray | memoryview, layout: Layout) -> bool:
+def matches(
+    buf: bytes | bytearray | memoryview, layout: Layout, header_size: int | None = None
+) -> bool:
     """True when ``buf`` starts with a valid header carrying ``layout``.
 
     The fast check of ``get``: magic, version, header size, header CRC and
     the group records, without building an :class:`EntryInfo`.  Payload
-    size, format and CRC are left to the caller.
+    size, format and CRC are left to the caller.  ``header_size``: the size
+    the header declares when it was grown past the layout's own (a direct
+    I/O store pads it to the alignment); default the layout's.
     """
-    size = layout.header_size
+    size = layout.header_size if header_size is None else header_size
     if len(buf) < size:
         return False
     magic, version, _flags, header_size, crc = _PREFIX.unpack_from(buf)
@@ -479,6 +483,7 @@ def is_full_entry(
     layout: Layout,
     fmt: MemoryFormat,
     payload: bytes | bytearray | memoryview,
+    header_size: int | None = None,
 ) -> bool:
     """True when ``header`` announces a full-size ``layout`` entry in ``fmt`` that ``payload`` is.
 
@@ -486,11 +491,12 @@ def is_full_entry(
     the plain header byte for byte (the common case), else a valid header
     of this layout, size and format whose payload CRC, if it records one,
     matches ``payload``.  False means "look closer" (a narrowed entry,
-    another layout, damage), not necessarily an error.
+    another layout, damage), not necessarily an error.  ``header_size``: as
+    for :func:`matches` (a grown header is never the plain one).
     """
-    if header == layout.plain_header(fmt):
+    if header_size is None and header == layout.plain_header(fmt):
         return True
-    if not matches(header, layout):
+    if not matches(header, layout, header_size):
         return False
     flags, size, crc, fmt_value = fixed_fields(header)
     return (

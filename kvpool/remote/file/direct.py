@@ -26,13 +26,12 @@ import errno
 import mmap
 import os
 import struct
-import zlib
 
-from kvpool.errors import CorruptEntryError, FeatureUnavailableError
+from kvpool.errors import FeatureUnavailableError
 from kvpool.formats import MemoryFormat
 from kvpool.native.entry import ALIGN
 from kvpool.remote.file.io import CLOEXEC, current_pid
-from kvpool.remote.header import Layout, decode_header, header_crc
+from kvpool.remote.header import Layout, header_crc, is_full_entry
 
 __all__ = ["ALIGN", "is_full_padded", "padded", "probe"]
 
@@ -70,29 +69,18 @@ def padded(header: bytes) -> bytes:
 
 
 def is_full_padded(
-    header: bytearray, layout: Layout, fmt: MemoryFormat, payload: memoryview, where: str
+    header: bytearray, layout: Layout, fmt: MemoryFormat, payload: memoryview
 ) -> bool:
     """True when the padded ``header`` announces a full-size ``layout`` entry that ``payload`` is.
 
     The padded form of the plain header byte for byte (the common case),
-    else a valid header of this layout, size and format whose payload CRC,
-    if it records one, matches.  False means "look closer" (the careful
-    path says what differs), not necessarily an error.
+    else :func:`~kvpool.remote.header.is_full_entry`'s check of a header
+    grown to ``len(header)``.  False means "look closer" (the careful path
+    says what differs), not necessarily an error.
     """
     if header == padded(layout.plain_header(fmt)):
         return True
-    try:
-        info = decode_header(header, where)
-    except CorruptEntryError:
-        return False
-    return (
-        info.header_size == len(header)
-        and tuple(info.shapes) == layout.shapes
-        and tuple(info.dtypes) == layout.dtypes
-        and info.fmt is fmt
-        and info.size == layout.nbytes
-        and (info.payload_crc is None or zlib.crc32(payload) == info.payload_crc)
-    )
+    return is_full_entry(header, layout, fmt, payload, header_size=len(header))
 
 
 def probe(directory: str) -> None:

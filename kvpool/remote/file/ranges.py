@@ -88,7 +88,7 @@ def _is_full(header: bytearray, address: int, nbytes: int, direct: bool) -> bool
     layout = layout_for([torch.Size([nbytes])], [torch.uint8])
     payload = span(address, nbytes)
     if direct:
-        return is_full_padded(header, layout, MemoryFormat.UNDEFINED, payload, "get_ranges")
+        return is_full_padded(header, layout, MemoryFormat.UNDEFINED, payload)
     return is_full_entry(header, layout, MemoryFormat.UNDEFINED, payload)
 
 

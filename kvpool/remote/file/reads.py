@@ -172,7 +172,7 @@ class ReadCalls:
             if not stamp.direct:
                 self.counters.observe("get_buffered", 0.0, nbytes=view.nbytes)
             whole = n == len(header) + layout.nbytes
-            if whole and is_full_padded(header, layout, fmt, view, "get"):
+            if whole and is_full_padded(header, layout, fmt, view):
                 return obj
         elif outcome == entry_calls.MISSING:
             discard(obj, view)
