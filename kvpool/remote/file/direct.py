@@ -31,7 +31,13 @@ from kvpool.errors import FeatureUnavailableError
 from kvpool.formats import MemoryFormat
 from kvpool.native.entry import ALIGN
 from kvpool.remote.file.io import CLOEXEC, current_pid
-from kvpool.remote.header import Layout, header_crc, is_full_entry
+from kvpool.remote.header import (
+    FLAG_PAYLOAD_CRC,
+    Layout,
+    fixed_fields,
+    header_crc,
+    is_full_entry,
+)
 
 __all__ = ["ALIGN", "is_full_padded", "padded", "probe"]
 
@@ -53,7 +59,9 @@ def padded(header: bytes) -> bytes:
     """``header`` grown to a multiple of :data:`ALIGN` bytes (zero padding), CRC redone.
 
     The same entry as ``header`` announces, its payload starting at the
-    next aligned offset.  Cached (at most 256 headers; emptied when full).
+    next aligned offset.  Cached (at most 256 headers; emptied when full),
+    except a header that records its payload's CRC: each is one entry's own,
+    and caching it would only push out the shared ones.
     """
     out = _padded.get(header)
     if out is None:
@@ -62,6 +70,8 @@ def padded(header: bytes) -> bytes:
         _U32.pack_into(grown, _SIZE_AT, size)
         _U32.pack_into(grown, _CRC_AT, header_crc(grown, size))
         out = bytes(grown)
+        if fixed_fields(header)[0] & FLAG_PAYLOAD_CRC:
+            return out
         if len(_padded) >= _PADDED_MAX:
             _padded.clear()
         _padded[header] = out
