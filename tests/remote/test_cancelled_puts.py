@@ -44,6 +44,7 @@ from kvpool.remote import (
 
 from .cluster_servers import RedisCluster, start_cluster
 from .conftest import KV_DTYPE, KV_FMT, KV_SHAPE, RedisServer, fill, until
+from .mooncake_servers import LEASE_MS
 from .test_async_stores import run
 
 #: 256 KiB of float16 per object: two make a batch the file store splits.
@@ -59,9 +60,15 @@ class Held:
         holds: which calls to hold, by their first argument (default all).
     """
 
-    def __init__(self, real: Callable[..., Any], holds: Callable[[Any], bool] | None = None):
+    def __init__(
+        self,
+        real: Callable[..., Any],
+        holds: Callable[[Any], bool] | None = None,
+        after: Callable[[], None] = lambda: None,
+    ):
         self.real = real
         self.holds = holds or (lambda first: True)
+        self.after = after  # runs in the call's thread once it returned, before ``left``
         self.entered = threading.Event()
         self.gate = threading.Event()
         self.left = threading.Event()  # a held call returned: it reads nothing any more
@@ -74,6 +81,7 @@ class Held:
         try:
             return self.real(*args)
         finally:
+            self.after()
             self.left.set()
 
 
@@ -157,11 +165,11 @@ def _mooncake_store(client: Any, headerless: bool, **options: Any) -> AsyncMoonc
     )
 
 
-def _held_client(store: AsyncMooncakeStore) -> Held:
+def _held_client(store: AsyncMooncakeStore, after: Callable[[], None] = lambda: None) -> Held:
     """Hold the Mooncake call that reads a put's objects (the store's own client calls)."""
     real = store.store.client
     method = "batch_put_from" if store.headerless else "batch_put_from_multi_buffers"
-    held = Held(getattr(real, method))
+    held = Held(getattr(real, method), after=after)
 
     class Client:
         def __getattr__(self, name: str) -> Any:
@@ -204,15 +212,31 @@ def test_mooncake_put_cancelled_in_its_thread(
 
 
 @pytest.mark.mooncake
+@pytest.mark.parametrize("read", [False, True], ids=["unread", "read meanwhile"])
 @pytest.mark.parametrize("ends", ["cancelled", "timed out"])
 def test_mooncake_put_past_its_deadline_removes_what_it_wrote(
-    mooncake_client: Any, lent_kv: Any, ends: str
+    mooncake_client: Any, lent_kv: Any, ends: str, read: bool
 ) -> None:
     memory, objs, _ = lent_kv
 
+    # "read meanwhile": a reader checks the written keys the moment the late
+    # put ends and keeps its lease for 2 s, four times the store's timeout.
+    def reader(mkeys: list[str]) -> None:
+        end = time.monotonic() + 2.0
+        while time.monotonic() < end:
+            time.sleep(0.05)
+            mooncake_client.batch_is_exist(mkeys)  # a lease of LEASE_MS
+
     async def main() -> None:
         store = _mooncake_store(mooncake_client, False, timeout=0.5)
-        held = _held_client(store)
+        mkeys = [store.store.object_key(k) for k in ("a", "b")]
+        checking = threading.Thread(target=reader, args=(mkeys,))
+
+        def first_look() -> None:  # in the put's thread: before its removal begins
+            assert mooncake_client.batch_is_exist(mkeys) == [1, 1]
+            checking.start()
+
+        held = _held_client(store, after=first_look if read else lambda: None)
         start = time.monotonic()
         task = asyncio.create_task(store.batched_put(["a", "b"], objs[:2]))
         await until(held.entered.is_set, "the held put to start")
@@ -225,10 +249,13 @@ def test_mooncake_put_past_its_deadline_removes_what_it_wrote(
         memory.fill_(0x5A)  # read by the put still held: its entries must not stay
         held.gate.set()
         await until(held.left.is_set, "the held put to end")
+        if read:
+            await asyncio.to_thread(checking.join)
+        # Each look takes a lease of its own: look less often than one lasts.
         deadline = time.monotonic() + 10
         while await store.batched_exists(["a", "b"]) != [False, False]:
             assert time.monotonic() < deadline, "the late put's entries stayed"
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(2 * LEASE_MS / 1000)
         await store.aclose()
 
     run(main())

@@ -25,7 +25,11 @@ reading the caller's objects (``offload(..., borrows=True)``) - at the
 latest at the call's deadline, ``timeout`` seconds after it began.  A put
 that outlives its deadline (cancelled or timed out) may read memory its
 caller reuses by then, so when it ends it removes the entries it wrote:
-a later ``get`` misses rather than read another chunk's bytes.
+a later ``get`` misses rather than read another chunk's bytes.  That
+removal waits out readers' leases (an ``exists`` takes one too) for up to
+:data:`UNDO_SECONDS`, past the call's own ``timeout``: it runs in the
+late call's thread, and giving up at the deadline would keep torn bytes
+whenever a reader looked at the key meanwhile.
 
 Closing: :meth:`~AsyncMooncakeStore.aclose` refuses new calls, waits for
 the calls in their threads (at most ``timeout`` seconds), closes the
@@ -60,13 +64,18 @@ from kvpool.pool.objects import MemoryObj
 from kvpool.remote.aiobase import AsyncRemoteStore, offload
 from kvpool.remote.base import Key
 from kvpool.remote.header import EntryInfo
+from kvpool.remote.mooncake.removal import remove_keys
 from kvpool.remote.mooncake.store import MooncakeStore
 from kvpool.remote.objects import discard
 
-__all__ = ["AsyncMooncakeStore"]
+__all__ = ["UNDO_SECONDS", "AsyncMooncakeStore"]
 
 #: Threads of a store unless told otherwise.
 DEFAULT_THREADS = 4
+
+#: Seconds a late put's removal of what it wrote waits out readers' leases:
+#: a few of the master's default lease (``--default_kv_lease_ttl``, 10 s).
+UNDO_SECONDS = 30.0
 
 
 class _Dropped(Exception):
@@ -235,9 +244,16 @@ class AsyncMooncakeStore(AsyncRemoteStore):
             raise exc
 
     def _undo(self, keys: Sequence[Key]) -> None:
-        """Remove what a put wrote after its caller gave up (its bytes may be torn)."""
+        """Remove what a put wrote after its caller gave up (its bytes may be torn).
+
+        Leased keys are retried for :data:`UNDO_SECONDS` rather than the
+        store's ``timeout``: a reader's lease outlasts a short timeout,
+        and the torn entry would stay.
+        """
+        store = self.store
+        mkeys = [store.object_key(k) for k in keys]
         with contextlib.suppress(Exception):  # nobody to report to; a miss either way
-            self.store.batched_delete(list(keys))
+            remove_keys(store.client, mkeys, max(self.timeout, UNDO_SECONDS), lambda i: mkeys[i])
 
     def _ended(self) -> None:
         """A call left the blocking store: the last one after a close closes it."""
