@@ -218,24 +218,34 @@ def test_chunks_in_the_tier_already_are_not_written_again(engines: Any, redis_se
     assert "batched_put" not in tier.store.counters.snapshot()  # no row sent to the server
 
 
-def test_a_bounded_directory_evicts_the_oldest_chunks_and_reports_them(
-    engines: Any, tmp_path: Path
-) -> None:
+def _six_entry_engine(engines: Any, tmp_path: Path) -> Any:
+    """An engine whose tier is a directory bounded to six entries, KV events on."""
     probe = engines([kvpool_tier(str(tmp_path / "probe"))])
     row = probe.row_bytes
     probe.close()
     bound = 6 * (row + 4096)  # six entries, with room for their headers
-    engine = engines([kvpool_tier(str(tmp_path / "kv"), max_bytes=bound)], kv_events=True)
+    return engines([kvpool_tier(str(tmp_path / "kv"), max_bytes=bound)], kv_events=True)
+
+
+def _tier_events(engine: Any, tier: Any) -> list[Any]:
+    """The KV events the kvpool tier reported since the last take, in order."""
+    with engine.manager.lock:
+        return [e for e in engine.manager.take_events() if e.ownership == tier.tier_type]
+
+
+def test_a_bounded_directory_evicts_the_oldest_chunks_and_reports_them(
+    engines: Any, tmp_path: Path
+) -> None:
+    engine = _six_entry_engine(engines, tmp_path)
     old, new = engine.keys(31, chunks=4), engine.keys(32, chunks=4)
     for keys in (old, new):
         with engine.request() as req:
             engine.store(keys, req)
         engine.settle()
     tier = tier_of(engine)
-    with engine.manager.lock:
-        events = list(engine.manager.take_events())
-    removed = [k for e in events if e.removed and e.ownership == tier.tier_type for k in e.keys]
-    stored = [k for e in events if not e.removed and e.ownership == tier.tier_type for k in e.keys]
+    events = _tier_events(engine, tier)
+    removed = [k for e in events if e.removed for k in e.keys]
+    stored = [k for e in events if not e.removed for k in e.keys]
     assert set(stored) == set(old + new)
     assert removed and set(removed) <= set(old), "the oldest chunks go first"
     assert len(removed) >= 2  # eight chunks, room for six
@@ -252,19 +262,13 @@ def test_events_replayed_in_order_give_what_a_bounded_directory_holds(
     engines: Any, tmp_path: Path
 ) -> None:
     """One job puts more than the bound: the chunks its own put evicted are not 'stored' after."""
-    probe = engines([kvpool_tier(str(tmp_path / "probe"))])
-    row = probe.row_bytes
-    probe.close()
-    engine = engines(
-        [kvpool_tier(str(tmp_path / "kv"), max_bytes=6 * (row + 4096))], kv_events=True
-    )
+    engine = _six_entry_engine(engines, tmp_path)
     keys = engine.keys(33, chunks=8)
     with engine.request() as req:
         engine.store(keys, req)
     engine.settle()
     tier = tier_of(engine)
-    with engine.manager.lock:
-        events = [e for e in engine.manager.take_events() if e.ownership == tier.tier_type]
+    events = _tier_events(engine, tier)
     replayed: set[Any] = set()
     for event in events:
         (replayed.difference_update if event.removed else replayed.update)(event.keys)
